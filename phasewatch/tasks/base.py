@@ -1,0 +1,178 @@
+"""The Task protocol, the batch format every task produces, and the task registry.
+
+A task is data only: it says what the tokens are, how big the vocabulary and context
+are, which positions carry a loss, and hands out training batches (a pure function of
+the data seed and the step, so a resumed run sees exactly the batches it would have
+seen) and a fixed validation set. A task never builds or imports a model.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, ClassVar
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. Raised before any training starts.
+
+    The message names the field, says what is wrong and how to fix it; the CLI prints it
+    as one line and exits with status 2.
+    """
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"{field}: {problem}. {fix}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Tokens in, one target per position, and which positions count in the loss.
+
+    `targets[b, i]` is what the model should output at position `i` (ids in the task's
+    output vocabulary); entries where `loss_mask` is False are ignored (set to 0).
+    `extras` holds task-specific tensors indexed by batch first that probes use, e.g.
+    the boolean (batch, pos) masks `first_copy` / `second_copy` for induction, or the
+    (batch,) `length` of each sequence.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    targets: Int[Tensor, "batch pos"]
+    loss_mask: Bool[Tensor, "batch pos"]
+    extras: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (self.tokens.shape == self.targets.shape == self.loss_mask.shape):
+            raise ValueError(
+                f"Batch tensors disagree in shape: tokens {tuple(self.tokens.shape)}, "
+                f"targets {tuple(self.targets.shape)}, loss_mask {tuple(self.loss_mask.shape)}"
+            )
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(
+            self.tokens.to(device),
+            self.targets.to(device),
+            self.loss_mask.to(device),
+            {k: v.to(device) for k, v in self.extras.items()},
+        )
+
+
+def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
+    """A CPU generator whose state depends only on (seed, step, stream).
+
+    Training batches are drawn from `step_generator(seed, step)`, so a resumed run draws
+    the same batch at the same step; `stream` separates independent uses (validation
+    data uses stream 1).
+    """
+    g = torch.Generator()
+    g.manual_seed(((seed * 1_000_003 + stream) * 1_000_000_007 + step) % (2**63 - 1))
+    return g
+
+
+def require(condition: bool, field: str, problem: str, fix: str) -> None:
+    """Raise ConfigError(field, problem, fix) unless `condition` holds."""
+    if not condition:
+        raise ConfigError(field, problem, fix)
+
+
+def require_int(value: Any, field: str, low: int, fix: str | None = None) -> None:
+    """Check that `value` is an int (not a bool) and at least `low`."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    require(ok, field, f"must be an integer >= {low}, got {value!r}", fix or f"Set {field} to an integer >= {low}.")
+
+
+class Task(abc.ABC):
+    """What every task provides. Subclasses are registered by `register_task`.
+
+    Use `make_task(name, **kwargs)` to build one by its registry name, or pass the class
+    on the command line (`--data.task ModularAddition --data.task.p 97`). Invalid
+    arguments raise ConfigError from `__init__`, before any training.
+    """
+
+    name: ClassVar[str]
+    #: True when a training "step" uses the whole training set (grokking); False when
+    #: every step draws a fresh batch (streaming tasks).
+    full_batch: ClassVar[bool] = False
+
+    seed: int
+
+    @property
+    @abc.abstractmethod
+    def d_vocab(self) -> int:
+        """Number of input token ids."""
+
+    @property
+    def d_vocab_out(self) -> int:
+        """Number of output classes (the unembedding's width). Defaults to d_vocab."""
+        return self.d_vocab
+
+    @property
+    @abc.abstractmethod
+    def n_ctx(self) -> int:
+        """The longest input sequence this task produces."""
+
+    @property
+    def loss_dtype(self) -> torch.dtype:
+        """Dtype in which the cross-entropy is computed (grokking needs float64)."""
+        return torch.float32
+
+    @property
+    def causal(self) -> bool:
+        """Whether the task can be solved with causal attention (False for tracr programs
+        that read later positions, like reverse)."""
+        return True
+
+    @abc.abstractmethod
+    def train_batch(self, step: int, batch_size: int | None) -> Batch:
+        """The training batch at `step` (a pure function of seed and step). `batch_size`
+        None means the task's natural size (the full training set for full-batch tasks)."""
+
+    @abc.abstractmethod
+    def val_batches(self) -> list[Batch]:
+        """The fixed held-out set, as one or more batches (several when lengths differ)."""
+
+    def default_model(self) -> dict[str, Any]:
+        """Architecture defaults for this task (keys of the trainer's ModelConfig)."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """The task's parameters, for logs and the run folder."""
+        return {"name": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
+
+
+_REGISTRY: dict[str, type[Task]] = {}
+
+
+def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    """Class decorator: register a Task subclass under `name`; duplicate names are refused."""
+
+    def decorate(cls: type[Task]) -> type[Task]:
+        if name in _REGISTRY:
+            raise ValueError(f"task name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def task_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def task_class(name: str) -> type[Task]:
+    if name not in _REGISTRY:
+        raise ConfigError("task", f"unknown task {name!r}", f"Choose one of: {', '.join(task_names())}.")
+    return _REGISTRY[name]
+
+
+def make_task(name: str, **kwargs: Any) -> Task:
+    """Build a registered task by name, e.g. `make_task("modular_addition", p=113)`."""
+    return task_class(name)(**kwargs)

@@ -1,0 +1,153 @@
+"""The LightningModule and the data module that train any phasewatch task.
+
+Metric keys logged (DESIGN.md): `train/loss`, `train/acc`, `lr` every logged step;
+`val/loss`, `val/acc` (token accuracy over loss positions) and `val/seq_acc` (all answer
+positions of a sequence right) at every validation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, IterableDataset
+
+from phasewatch.tasks.base import Batch, ConfigError, Task, require, require_int
+from phasewatch.trainers.model import ModelConfig, build_model, native_module
+
+
+def masked_loss_and_acc(
+    logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cross-entropy (in `loss_dtype`) and accuracy over the batch's loss positions, and
+    the per-sequence all-correct flags."""
+    picked = logits[batch.loss_mask].to(loss_dtype)
+    targets = batch.targets[batch.loss_mask]
+    loss = F.cross_entropy(picked, targets)
+    correct = picked.argmax(-1) == targets
+    per_pos = torch.ones_like(batch.loss_mask)
+    per_pos[batch.loss_mask] = correct
+    return loss, correct.float().mean(), per_pos.all(dim=-1)
+
+
+class StepStream(IterableDataset):
+    """Endless training batches: the batch at step s is `task.train_batch(s, batch_size)`,
+    starting at `start` (the step a resumed run continues from)."""
+
+    def __init__(self, task: Task, batch_size: int | None, start: int):
+        self.task, self.batch_size, self.start = task, batch_size, start
+
+    def __iter__(self) -> Iterator[Batch]:
+        step = self.start
+        while True:
+            yield self.task.train_batch(step, self.batch_size)
+            step += 1
+
+
+def _identity(x):
+    return x
+
+
+class TaskDataModule(pl.LightningDataModule):
+    """Serves a task's training stream and its fixed validation set.
+
+    Args:
+        task: the task (on the command line: `--data.task ModularAddition --data.task.p 97`).
+        batch_size: None for the task's natural batch (full batch for grokking).
+    """
+
+    def __init__(self, task: Task, batch_size: int | None = None):
+        super().__init__()
+        if batch_size is not None:
+            require_int(batch_size, "data.batch_size", 1, "Use a positive batch size, or null for the task's default.")
+        self.task, self.batch_size = task, batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        start = self.trainer.global_step if self.trainer is not None else 0
+        return DataLoader(StepStream(self.task, self.batch_size, start), batch_size=None, collate_fn=_identity)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.task.val_batches(), batch_size=None, collate_fn=_identity)
+
+
+class TrainModule(pl.LightningModule):
+    """Trains a TransformerBridge on a task with AdamW and a linear warm-up.
+
+    Args:
+        task: set from `data.task` by the CLI (do not pass it on the command line).
+        arch: the architecture; unset fields take the task's defaults.
+        lr, weight_decay, betas: AdamW (defaults: Nanda et al. 2023).
+        warmup_steps: linear warm-up, lr * min(step / warmup_steps, 1) (the paper's schedule,
+            so step 0 runs at lr 0); 0 disables it.
+        loss_dtype: "float32" or "float64"; None uses the task's choice (grokking: float64).
+    """
+
+    def __init__(
+        self,
+        task: Task | None = None,
+        arch: ModelConfig | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.98),
+        warmup_steps: int = 10,
+        loss_dtype: str | None = None,
+    ):
+        super().__init__()
+        if task is None:
+            raise ConfigError("data.task", "no task given", "Pass --data.task NAME (e.g. ModularAddition) or a config.")
+        require(isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0, "model.lr",
+                f"must be a positive number, got {lr!r}", "Use e.g. 1e-3.")
+        require(isinstance(weight_decay, (int, float)) and weight_decay >= 0, "model.weight_decay",
+                f"must be >= 0, got {weight_decay!r}", "Use e.g. 1.0 (grokking) or 0.")
+        require(len(betas) == 2 and all(0 <= b < 1 for b in betas), "model.betas",
+                f"must be two numbers in [0, 1), got {betas!r}", "Use e.g. [0.9, 0.98].")
+        require_int(warmup_steps, "model.warmup_steps", 0)
+        require(loss_dtype in (None, "float32", "float64"), "model.loss_dtype", f"unknown dtype {loss_dtype!r}",
+                "Use float32, float64 or leave it unset.")
+        self.save_hyperparameters(ignore=["task"])
+        self.task = task
+        self.arch = (arch or ModelConfig()).resolve(task)
+        self.model = build_model(self.arch, task)
+        self.loss_dtype = getattr(torch, loss_dtype) if loss_dtype else task.loss_dtype
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        logits = native_module(self.model)(batch.tokens)
+        loss, acc, _ = masked_loss_and_acc(logits, batch, self.loss_dtype)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        self.log("train/acc", acc, prog_bar=True, batch_size=len(batch))
+        self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=len(batch))
+        self._log_step()
+        return loss
+
+    def _log_step(self) -> None:
+        # The step every logged value is filed under: the number of optimizer steps applied
+        # to the weights that produced it (as in checkpoint names). Lightning uses a logged
+        # "step" value as the x-axis instead of its own counter.
+        self.log("step", float(self.global_step), on_step=not self.trainer.validating,
+                 on_epoch=self.trainer.validating, batch_size=1)
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        logits = native_module(self.model)(batch.tokens)
+        loss, acc, seq_ok = masked_loss_and_acc(logits, batch, self.loss_dtype)
+        n = len(batch)
+        self.log("val/loss", loss, prog_bar=True, batch_size=n)
+        self.log("val/acc", acc, prog_bar=True, batch_size=n)
+        self.log("val/seq_acc", seq_ok.float().mean(), batch_size=n)
+        self._log_step()
+
+    def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int) -> Batch:
+        return batch.to(device)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.betas))
+        warmup = hp.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / warmup) if warmup else 1.0)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
