@@ -1,0 +1,71 @@
+"""The model factory (TransformerLens 4 bridges) and the checkpoint schedule."""
+
+import pytest
+import torch
+
+from phasewatch.callbacks.schedule import Schedule
+from phasewatch.tasks import ConfigError, make_task
+from phasewatch.trainers.model import ModelConfig, build_model
+
+
+def test_task_defaults_fill_unset_fields_and_explicit_values_win():
+    task = make_task("modular_addition", p=23)
+    cfg = ModelConfig().resolve(task)
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp) == (1, 128, 4, 32, 512)
+    assert cfg.normalization == "none" and cfg.attn_bias is False and cfg.n_ctx == 3
+    cfg = ModelConfig(d_model=64, n_heads=2).resolve(task)
+    assert (cfg.d_model, cfg.n_heads, cfg.d_head) == (64, 2, 32)  # task's d_head 32 kept
+
+
+def test_bridge_has_hooks_weight_views_and_frozen_zero_attention_biases():
+    task = make_task("modular_addition", p=23)
+    model = build_model(ModelConfig(d_model=32, n_heads=2, d_head=16, d_mlp=64), task)
+    assert model.W_Q.shape == (1, 2, 32, 16) and model.W_E.shape == (24, 32) and model.W_U.shape == (32, 24)
+    logits, cache = model.run_with_cache(task.train_set().tokens[:5])
+    assert logits.shape == (5, 3, 24)
+    assert cache["blocks.0.attn.hook_pattern"].shape == (5, 2, 3, 3)
+    attn = model.original_model.layers[0].attn
+    for proj in (attn.q, attn.k, attn.v, attn.o):
+        assert not proj.bias.requires_grad and torch.count_nonzero(proj.bias) == 0
+    # causal: no attention to later positions
+    assert torch.all(cache["blocks.0.attn.hook_pattern"][:, :, 0, 1:] == 0)
+
+
+def test_rasp_reverse_gets_a_bidirectional_model_with_its_own_output_vocabulary():
+    task = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5)
+    model = build_model(ModelConfig(d_model=32, n_heads=2), task)
+    out = model(task.val_batches()[-1].tokens)
+    assert out.shape == (243, 6, 3)  # output classes = the three values
+    pattern = model.run_with_cache(task.val_batches()[-1].tokens[:2])[1]["blocks.0.attn.hook_pattern"]
+    assert torch.all(pattern[:, :, 0, 1:] > 0)  # BOS position sees later positions
+
+
+@pytest.mark.parametrize("cfg,field", [
+    (ModelConfig(n_ctx=2), "model.arch.n_ctx"),
+    (ModelConfig(d_head=0), "model.arch.d_head"),
+    (ModelConfig(act_fn="tanh"), "model.arch.act_fn"),
+    (ModelConfig(normalization="BN"), "model.arch.normalization"),
+    (ModelConfig(n_layers=0), "model.arch.n_layers"),
+])
+def test_bad_architecture_names_the_field(cfg, field):
+    with pytest.raises(ConfigError) as err:
+        cfg.resolve(make_task("modular_addition", p=23))
+    assert err.value.field == field
+
+
+def test_causal_model_for_a_non_causal_program_is_refused():
+    with pytest.raises(ConfigError, match="bidirectional"):
+        ModelConfig(attention="causal").resolve(make_task("rasp", program="reverse"))
+
+
+def test_schedules():
+    log = Schedule(kind="log", count=10).resolve(1000)
+    assert log[0] == 0 and log[-1] == 1000 and log == sorted(set(log))
+    gaps = [b - a for a, b in zip(log[1:], log[2:])]
+    assert gaps[-1] > gaps[0]  # dense early, sparse late
+    assert Schedule(kind="linear", every=300).resolve(1000) == [0, 300, 600, 900, 1000]
+    assert Schedule(kind="list", steps=[5, 50, 5000]).resolve(1000) == [0, 5, 50]
+    with pytest.raises(ConfigError, match="schedule.every"):
+        Schedule(kind="linear")
+    with pytest.raises(ConfigError, match="max_steps"):
+        Schedule().resolve(-1)
