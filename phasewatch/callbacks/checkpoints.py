@@ -1,17 +1,25 @@
 """Checkpoints on a schedule, plus a rolling `last.ckpt`, written atomically.
 
-`step=<N>.ckpt` holds the weights after N optimizer steps (step 0: the initial weights).
+`step=<N>.ckpt` holds the state after N optimizer steps (step 0: the initial weights).
 `last.ckpt` is refreshed every `last_every` steps and at the end, so a killed run loses at
-most that many steps. Every file is written to a temporary name and renamed into place,
-so a crash never leaves a half-written checkpoint under a real name.
+most that many steps. At a step where validation runs, the save waits until validation
+has logged, so the checkpoint includes it. Every file is written under a temporary name
+and renamed into place: a crash never leaves a half-written checkpoint under a real name.
+
+Resume without gaps or duplicates: each checkpoint stores `checkpoint_state()` of every
+logger that has one (the run folder's file sizes); on resume the callback hands it back
+to `restore_checkpoint_state(state, step)`, which cuts away what was logged after the
+checkpoint and is about to be logged again.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Checkpoint
 
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.tasks.base import require_int
@@ -21,7 +29,7 @@ def checkpoint_name(step: int) -> str:
     return f"step={step:07d}.ckpt"
 
 
-class ScheduledCheckpoints(pl.Callback):
+class ScheduledCheckpoints(Checkpoint):
     """Save checkpoints at the schedule's steps and keep last.ckpt fresh.
 
     Args:
@@ -36,11 +44,35 @@ class ScheduledCheckpoints(pl.Callback):
         self.schedule = schedule or Schedule()
         self.last_every = last_every
         self._steps: set[int] = set()
+        self._trainer: pl.Trainer | None = None
+        self._restored_logger_states: list | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
         if self.dirpath is None:
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
         self._steps = set(self.schedule.resolve(trainer.max_steps))
+
+    # --- resume ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        loggers = self._trainer.loggers if self._trainer is not None else []
+        return {"logger_states": [lg.checkpoint_state() if hasattr(lg, "checkpoint_state") else None
+                                  for lg in loggers]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored_logger_states = state_dict.get("logger_states")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._restored_logger_states is not None:
+            for lg, state in zip(trainer.loggers, self._restored_logger_states):
+                if state is not None and hasattr(lg, "restore_checkpoint_state"):
+                    lg.restore_checkpoint_state(state, trainer.global_step)
+            self._restored_logger_states = None
+        if trainer.global_step == 0:
+            self._save_due(trainer)
+
+    # --- saving ---------------------------------------------------------------------
 
     def _save(self, trainer: pl.Trainer, name: str) -> None:
         path = Path(self.dirpath) / name
@@ -50,19 +82,26 @@ class ScheduledCheckpoints(pl.Callback):
         if trainer.is_global_zero:
             os.replace(tmp, path)
 
-    def _save_step(self, trainer: pl.Trainer) -> None:
+    def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
         if step in self._steps:
             self._save(trainer, checkpoint_name(step))
         if step in self._steps or step % self.last_every == 0:
             self._save(trainer, "last.ckpt")
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_step == 0:
-            self._save_step(trainer)
+    @staticmethod
+    def _validation_due(trainer: pl.Trainer) -> bool:
+        interval = trainer.val_check_batch
+        return bool(trainer.enable_validation and isinstance(interval, int) and interval > 0
+                    and trainer.global_step % interval == 0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._save_step(trainer)
+        if not self._validation_due(trainer):
+            self._save_due(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._save_due(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._save(trainer, "last.ckpt")

@@ -140,7 +140,7 @@ def _lightning_cli(argv: list[str]) -> None:
 
     trainer_defaults = dict(
         max_steps=1000, val_check_interval=100, check_val_every_n_epoch=None, log_every_n_steps=10,
-        num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False,
+        num_sanity_val_steps=0, enable_checkpointing=True, enable_model_summary=False,
         callbacks=[TQDMProgressBar(refresh_rate=25)],
     )
     saved_argv = sys.argv

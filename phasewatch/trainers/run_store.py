@@ -52,24 +52,36 @@ class RunStore:
     def read_metrics(self) -> list[dict[str, Any]]:
         return list(read_jsonl(self.metrics))
 
-    def truncate_metrics(self, first_step_to_drop: int) -> int:
-        """Drop metric lines with step >= first_step_to_drop (what a resumed run will log
-        again) and any half-written last line. Atomic; returns the number dropped."""
-        if not self.metrics.exists():
-            return 0
-        lines = self.metrics.read_text().splitlines(keepends=True)
-        kept = [ln for ln in lines if ln.endswith("\n") and _step_of(ln) is not None and _step_of(ln) < first_step_to_drop]
-        tmp = self.metrics.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, self.metrics)
-        return len(lines) - len(kept)
+    def snapshot(self) -> dict[str, int]:
+        """Sizes of the append-only files now: what a checkpoint records, so that a resume
+        can cut away whatever was appended after it (and will be logged again)."""
+        return {p.name: p.stat().st_size for p in (self.metrics, self.events) if p.exists()}
+
+    def rollback(self, snapshot: dict[str, int], step: int) -> None:
+        """Undo what was appended after a checkpoint at `step` was taken: keep each file's
+        first `snapshot` bytes, and of the lines after them only those with a step below
+        `step` (the training step that finished just before the checkpoint logs its
+        values right after the save). A file absent from the snapshot is emptied."""
+        for path in (self.metrics, self.events):
+            size = snapshot.get(path.name, 0)
+            if not path.exists() or path.stat().st_size <= size:
+                continue
+            with open(path, "rb") as f:
+                head, tail = f.read(size), f.read()
+            kept = [ln for ln in tail.decode().splitlines(keepends=True) if _before(ln, step)]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(head + "".join(kept).encode())
+            os.replace(tmp, path)
 
 
-def _step_of(line: str) -> int | None:
+def _before(line: str, step: int) -> bool:
+    """A complete JSON line whose "step" is below `step`."""
+    if not line.endswith("\n"):
+        return False
     try:
-        return int(json.loads(line)["step"])
+        return int(json.loads(line)["step"]) < step
     except (ValueError, KeyError, TypeError):
-        return None
+        return False
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
@@ -116,6 +128,15 @@ class RunFolderLogger(Logger):
     @rank_zero_experiment
     def experiment(self) -> RunStore:
         return self.store
+
+    def checkpoint_state(self) -> dict[str, int]:
+        """Saved inside each checkpoint (see ScheduledCheckpoints)."""
+        return self.store.snapshot()
+
+    def restore_checkpoint_state(self, state: dict[str, int], step: int) -> None:
+        """On resume from a checkpoint at `step`: drop the lines logged after it that the
+        resumed run will log again."""
+        self.store.rollback(state, step)
 
     @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
