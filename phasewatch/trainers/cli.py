@@ -21,6 +21,7 @@ USAGE = """usage: phasewatch COMMAND [...]
 commands:
   fit       train a model on a task (phasewatch fit --config configs/quickstart.yaml)
   validate  evaluate a checkpoint on the task's held-out data
+  plot      draw a run's curves: phasewatch plot RUN_DIR [--out FILE.png]
   tasks     list the tasks and the tracr programs they can run
 
 phasewatch fit --help lists every configuration flag.
@@ -138,8 +139,8 @@ def _lightning_cli(argv: list[str]) -> None:
                                                    skip_none=False, overwrite=True)
             print(f"phasewatch: run folder {self.store.root}")
 
-    trainer_defaults = dict(
-        max_steps=1000, val_check_interval=100, check_val_every_n_epoch=None, log_every_n_steps=10,
+    trainer_defaults = dict(  # with the other defaults: the quickstart run
+        max_steps=3000, val_check_interval=25, check_val_every_n_epoch=None, log_every_n_steps=10,
         num_sanity_val_steps=0, enable_checkpointing=True, enable_model_summary=False,
         callbacks=[TQDMProgressBar(refresh_rate=25)],
     )
@@ -177,6 +178,23 @@ def list_tasks() -> None:
               f"{'causal' if spec.causal else 'non-causal'})")
 
 
+def plot_command(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="phasewatch plot", description="Draw a run folder's curves as a PNG.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/figures/curves.png)")
+    args = parser.parse_args(argv)
+    from phasewatch.report.curves import plot_run
+
+    try:
+        print(plot_run(args.run_dir, args.out))
+    except FileNotFoundError as err:
+        print(f"phasewatch: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -189,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             _lightning_cli(resume_arguments(argv))
         elif argv[0] == "tasks":
             list_tasks()
+        elif argv[0] == "plot":
+            return plot_command(argv[1:])
         else:
             print(f"phasewatch: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
             return 2

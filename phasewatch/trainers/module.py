@@ -51,15 +51,26 @@ def _identity(x):
     return x
 
 
+def quickstart_task() -> Task:
+    """The embedded default: (a + b) mod 59 with half the pairs for training (see
+    configs/quickstart.yaml, which spells out the same run)."""
+    from jsonargparse import lazy_instance
+
+    from phasewatch.tasks.modular_addition import ModularAddition
+
+    return lazy_instance(ModularAddition, p=59, op="+", frac_train=0.5, seed=0)
+
+
 class TaskDataModule(pl.LightningDataModule):
     """Serves a task's training stream and its fixed validation set.
 
     Args:
-        task: the task (on the command line: `--data.task ModularAddition --data.task.p 97`).
+        task: the task (on the command line: `--data.task ModularAddition --data.task.p 97`);
+            default: the quickstart's modular addition mod 59.
         batch_size: None for the task's natural batch (full batch for grokking).
     """
 
-    def __init__(self, task: Task, batch_size: int | None = None):
+    def __init__(self, task: Task = quickstart_task(), batch_size: int | None = None):
         super().__init__()
         if batch_size is not None:
             require_int(batch_size, "data.batch_size", 1, "Use a positive batch size, or null for the task's default.")

@@ -1,0 +1,5 @@
+import sys
+
+from phasewatch.trainers.cli import main
+
+sys.exit(main())

@@ -1,0 +1,133 @@
+"""`phasewatch fit` end to end with a real Lightning Trainer and real TransformerLens models."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from phasewatch.trainers.cli import main
+from phasewatch.trainers.run_store import read_jsonl
+
+TINY = ["--model.arch.d_model", "16", "--model.arch.n_heads", "2", "--model.arch.d_head", "8",
+        "--model.arch.d_mlp", "32", "--trainer.enable_progress_bar", "false"]
+
+TASKS = {
+    "modular_addition": ["--data.task", "ModularAddition", "--data.task.p", "13", "--data.task.frac_train", "0.5"],
+    "digit_addition": ["--data.task", "DigitAddition", "--data.task.n_digits", "2", "--data.task.batch_size", "8",
+                       "--data.task.n_val", "32"],
+    "induction": ["--data.task", "Induction", "--data.task.vocab_size", "10", "--data.task.seq_len", "13",
+                  "--data.task.max_len", "6", "--data.task.batch_size", "8", "--data.task.n_val", "16"],
+    "rasp": ["--data.task", "RaspTask", "--data.task.program", "reverse", "--data.task.vocab", "[1, 2, 3]",
+             "--data.task.max_seq_len", "4", "--data.task.batch_size", "8"],
+}
+
+
+def fit(run_dir, *args, steps=12):
+    return main(["fit", *args, "--run_dir", str(run_dir), "--trainer.max_steps", str(steps),
+                 "--trainer.val_check_interval", "4", "--trainer.log_every_n_steps", "2", "--no_wandb", *TINY])
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_fit_writes_the_run_folder(tmp_path, task):
+    run = tmp_path / "run"
+    assert fit(run, *TASKS[task]) == 0
+    records = list(read_jsonl(run / "metrics.jsonl"))
+    train = [r for r in records if "train/loss" in r]
+    val = [r for r in records if "val/loss" in r]
+    assert [r["step"] for r in train] == [1, 3, 5, 7, 9, 11]  # batch index of every 2nd step
+    assert [r["step"] for r in val] == [4, 8, 12]  # after 4, 8, 12 optimizer steps
+    assert all(0 <= r["val/acc"] <= 1 and r["val/loss"] > 0 for r in val)
+    assert all({"train/acc", "lr"} <= set(r) for r in train)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["model"]["arch"]["d_model"] == 16 and cfg["run_dir"] == str(run)
+    assert cfg["checkpoints"]["schedule"]["kind"] == "log"  # resolved, not a placeholder
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert "last.ckpt" in ckpts and "step=0000000.ckpt" in ckpts and "step=0000012.ckpt" in ckpts
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+
+
+def test_config_yaml_reruns_the_same_run(tmp_path):
+    first = tmp_path / "a"
+    assert fit(first, *TASKS["modular_addition"]) == 0
+    again = tmp_path / "b"
+    assert main(["fit", "--config", str(first / "config.yaml"), "--run_dir", str(again), "--no_wandb"]) == 0
+    strip = lambda p: [json.dumps(r) for r in read_jsonl(p / "metrics.jsonl")]  # noqa: E731
+    assert strip(first) == strip(again)
+
+
+def test_modular_training_learns(tmp_path):
+    """A small model memorises a small modular-addition training set: train accuracy rises."""
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--data.task.p", "11",
+                 "--trainer.max_steps", "150", "--trainer.val_check_interval", "50", "--no_wandb",
+                 "--model.arch.d_model", "32", "--model.arch.d_mlp", "64", "--model.arch.n_heads", "2",
+                 "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false"]) == 0
+    train = [r for r in read_jsonl(run / "metrics.jsonl") if "train/acc" in r]
+    assert train[0]["train/acc"] < 0.3 and train[-1]["train/acc"] == 1.0
+
+
+def _subprocess_fit(run_dir, *extra):
+    cmd = [sys.executable, "-m", "phasewatch", "fit", *TASKS["modular_addition"], "--run_dir", str(run_dir),
+           "--trainer.max_steps", "300", "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps", "5",
+           "--checkpoints.last_every", "20", "--no_wandb", *TINY, *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    proc = _subprocess_fit(killed)
+    deadline = time.time() + 300
+    # kill it mid-run, after a few checkpoints and between two of them
+    while time.time() < deadline:
+        steps = [r["step"] for r in read_jsonl(killed / "metrics.jsonl")]
+        if steps and max(steps) >= 130:
+            break
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    last_step = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    logged = max(r["step"] for r in read_jsonl(killed / "metrics.jsonl"))
+    assert 0 < last_step < logged < 300  # killed between checkpoints, mid-run
+
+    assert main(["fit", "--run_dir", str(killed), "--ckpt_path", "last", "--no_wandb"]) == 0
+    assert main(["fit", *TASKS["modular_addition"], "--run_dir", str(whole), "--trainer.max_steps", "300",
+                 "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps", "5",
+                 "--checkpoints.last_every", "20", "--no_wandb", *TINY]) == 0
+    resumed, reference = list(read_jsonl(killed / "metrics.jsonl")), list(read_jsonl(whole / "metrics.jsonl"))
+    keys = lambda rs: [(r["step"], sorted(r)) for r in rs]  # noqa: E731
+    assert keys(resumed) == keys(reference)  # every step and key exactly once
+    for a, b in zip(resumed, reference):  # same seed, same data order: same numbers
+        assert a == pytest.approx(b, rel=1e-6)
+
+
+def test_wandb_offline_run_and_sync_hint(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: not logged in
+    run = tmp_path / "run"
+    assert main(["fit", *TASKS["modular_addition"], "--run_dir", str(run), "--trainer.max_steps", "6",
+                 "--trainer.val_check_interval", "3", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "W&B is offline" in out and "wandb sync" in out
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and list(offline[0].glob("*.wandb"))
+    assert (run / "wandb_id").read_text().strip() in offline[0].name
+
+
+def test_wandb_failure_does_not_stop_training(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "wandb").write_text("not a directory")  # W&B cannot create its folder
+    with pytest.warns(UserWarning, match="W&B logging failed"):
+        assert main(["fit", *TASKS["modular_addition"], "--run_dir", str(run), "--trainer.max_steps", "6",
+                     "--trainer.val_check_interval", "3", *TINY]) == 0
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "val/loss" in r] == [3, 6]
