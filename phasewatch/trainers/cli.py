@@ -123,6 +123,11 @@ def _lightning_cli(argv: list[str]) -> None:
                 if wandb_logger is not None:
                     loggers.append(wandb_logger)
             kwargs.setdefault("logger", loggers)
+            trainer_cfg = cfg.trainer
+            if trainer_cfg.get("enable_progress_bar") is not False and not trainer_cfg.get("callbacks"):
+                # a quiet bar: about 100 refreshes per run, at most every 50 steps
+                refresh = max(1, min(50, (trainer_cfg.get("max_steps") or 0) // 100))
+                kwargs.setdefault("callbacks", [TQDMProgressBar(refresh_rate=refresh)])
             kwargs.setdefault("default_root_dir", str(store.root))
             self.store = store
             return super().instantiate_trainer(**kwargs)
@@ -142,7 +147,6 @@ def _lightning_cli(argv: list[str]) -> None:
     trainer_defaults = dict(  # with the other defaults: the quickstart run
         max_steps=3000, val_check_interval=25, check_val_every_n_epoch=None, log_every_n_steps=10,
         num_sanity_val_steps=0, enable_checkpointing=True, enable_model_summary=False,
-        callbacks=[TQDMProgressBar(refresh_rate=25)],
     )
     saved_argv = sys.argv
     sys.argv = ["phasewatch", *argv]  # LightningCLI reads sys.argv; `main(argv)` may be called from Python

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.pytorch.loggers import WandbLogger
 
 from phasewatch.trainers.run_store import RunStore
@@ -55,6 +56,13 @@ class SafeWandbLogger(WandbLogger):
                           "the run folder keeps every value.", stacklevel=2)
             return None
 
+    @property
+    def experiment(self):
+        if self._failed:
+            return _DummyExperiment()
+        experiment = self._guard(lambda: WandbLogger.experiment.fget(self))
+        return _DummyExperiment() if experiment is None else experiment
+
     def log_metrics(self, metrics, step=None):
         return self._guard(super().log_metrics, metrics, step)
 
@@ -65,7 +73,12 @@ class SafeWandbLogger(WandbLogger):
         return self._guard(super().after_save_checkpoint, checkpoint_callback)
 
     def finalize(self, status):
-        return self._guard(super().finalize, status)
+        """Close the W&B run at the end of fit (Lightning leaves it open, and the next
+        run in the same process would silently log into it)."""
+        self._guard(super().finalize, status)
+        if self._experiment is not None and not self._failed:
+            self._guard(self._experiment.finish, exit_code=0 if status == "success" else 1)
+            self._experiment = None
 
 
 def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str, Any]) -> SafeWandbLogger | None:
@@ -81,7 +94,8 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
         run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
         id_file.write_text(run_id + "\n")
     if mode == "offline":
-        print(f"phasewatch: W&B is offline (no login found); its files go to {store.root / 'wandb'}. "
+        why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no login found"
+        print(f"phasewatch: W&B is offline ({why}); its files go to {store.root / 'wandb'}. "
               f"Upload later with: wandb sync {store.root / 'wandb'}/offline-run-*")
     logger = SafeWandbLogger(
         name=name, project=project, save_dir=str(store.root), id=run_id, resume="allow", mode=mode,
