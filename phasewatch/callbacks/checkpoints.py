@@ -38,10 +38,10 @@ class ScheduledCheckpoints(Checkpoint):
         last_every: refresh last.ckpt every this many steps.
     """
 
-    def __init__(self, dirpath: str | None = None, schedule: Schedule | None = None, last_every: int = 200):
+    def __init__(self, dirpath: str | None = None, schedule: Schedule = Schedule(), last_every: int = 200):
         require_int(last_every, "checkpoints.last_every", 1)
         self.dirpath = dirpath
-        self.schedule = schedule or Schedule()
+        self.schedule = schedule.validate()
         self.last_every = last_every
         self._steps: set[int] = set()
         self._trainer: pl.Trainer | None = None

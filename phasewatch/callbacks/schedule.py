@@ -32,21 +32,24 @@ class Schedule:
     every: int | None = None
     steps: list[int] | None = None
 
-    def __post_init__(self) -> None:
-        require(self.kind in ("log", "linear", "list"), "schedule.kind", f"unknown kind {self.kind!r}",
+    def validate(self) -> "Schedule":
+        """Raise ConfigError naming the bad field; returns self."""
+        require(self.kind in ("log", "linear", "list"), "checkpoints.schedule.kind", f"unknown kind {self.kind!r}",
                 "Use log, linear or list.")
         if self.kind == "log":
-            require_int(self.count, "schedule.count", 1)
+            require_int(self.count, "checkpoints.schedule.count", 1)
         if self.kind == "linear":
-            require_int(self.every, "schedule.every", 1, "Give the spacing in steps, e.g. every: 100.")
+            require_int(self.every, "checkpoints.schedule.every", 1, "Give the spacing in steps, e.g. every: 100.")
         if self.kind == "list":
-            require(bool(self.steps), "schedule.steps", "kind 'list' needs a non-empty list of steps",
+            require(bool(self.steps), "checkpoints.schedule.steps", "kind 'list' needs a non-empty list of steps",
                     "Give steps: [0, 100, 1000].")
             for s in self.steps:
-                require_int(s, "schedule.steps", 0)
+                require_int(s, "checkpoints.schedule.steps", 0)
+        return self
 
     def resolve(self, max_steps: int | None) -> list[int]:
         """The sorted steps in [0, max_steps] (max_steps included for log and linear)."""
+        self.validate()
         if self.kind == "list":
             return sorted({s for s in self.steps if max_steps is None or s <= max_steps} | {0})
         if max_steps is None or max_steps < 0:

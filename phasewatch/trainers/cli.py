@@ -37,19 +37,42 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
-    out, skip = [], False
-    for i, arg in enumerate(argv):
+def _set_flag(argv: list[str], flag: str, value: str, keep_position: bool = False) -> list[str]:
+    """argv with `flag` set to `value`: in place of the old one (keep_position, which
+    matters when later flags refine it), or appended at the end."""
+    out, skip, placed = [], False, False
+    for arg in argv:
         if skip:
             skip = False
             continue
-        if arg == flag:
-            skip = True
-            continue
-        if arg.startswith(flag + "="):
+        if arg == flag or arg.startswith(flag + "="):
+            skip = arg == flag
+            if keep_position and not placed:
+                out += [flag, value]
+                placed = True
             continue
         out.append(arg)
-    return out + [flag, value]
+    return out if placed else out + [flag, value]
+
+
+def task_argument(argv: list[str]) -> list[str]:
+    """Accept registry names (`--data.task induction`) besides class names, and refuse
+    unknown tasks with the list of known ones."""
+    value = _flag_value(argv, "--data.task")
+    if value is None or value.lstrip().startswith(("{", "[")):
+        return argv
+    from phasewatch.tasks import task_class, task_names
+    from phasewatch.tasks.base import ConfigError
+
+    classes = {task_class(n).__name__: task_class(n) for n in task_names()}
+    if value in task_names():
+        cls = task_class(value)
+    elif value.rsplit(".", 1)[-1] in classes:
+        cls = classes[value.rsplit(".", 1)[-1]]
+    else:
+        raise ConfigError("data.task", f"unknown task {value!r}",
+                          f"Use one of {', '.join(task_names())} (or {', '.join(sorted(classes))}).")
+    return _set_flag(argv, "--data.task", f"phasewatch.tasks.{cls.__name__}", keep_position=True)
 
 
 def resume_arguments(argv: list[str]) -> list[str]:
@@ -208,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if argv[0] in ("fit", "validate"):
-            _lightning_cli(resume_arguments(argv))
+            _lightning_cli(resume_arguments(task_argument(argv)))
         elif argv[0] == "tasks":
             list_tasks()
         elif argv[0] == "plot":

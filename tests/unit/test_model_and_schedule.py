@@ -65,7 +65,7 @@ def test_schedules():
     assert gaps[-1] > gaps[0]  # dense early, sparse late
     assert Schedule(kind="linear", every=300).resolve(1000) == [0, 300, 600, 900, 1000]
     assert Schedule(kind="list", steps=[5, 50, 5000]).resolve(1000) == [0, 5, 50]
-    with pytest.raises(ConfigError, match="schedule.every"):
-        Schedule(kind="linear")
+    with pytest.raises(ConfigError, match="checkpoints.schedule.every"):
+        Schedule(kind="linear").validate()
     with pytest.raises(ConfigError, match="max_steps"):
         Schedule().resolve(-1)
