@@ -73,10 +73,16 @@ def test_modular_training_learns(tmp_path):
     assert train[0]["train/acc"] < 0.3 and train[-1]["train/acc"] == 1.0
 
 
+# last.ckpt every 20 steps and no scheduled checkpoints in between, so the test knows when
+# it kills between two checkpoints
+RESUME_CHECKPOINTS = ["--checkpoints.last_every", "20", "--checkpoints.schedule.kind", "list",
+                      "--checkpoints.schedule.steps", "[0]"]
+
+
 def _subprocess_fit(run_dir, *extra):
     cmd = [sys.executable, "-m", "phasewatch", "fit", *TASKS["modular_addition"], "--run_dir", str(run_dir),
            "--trainer.max_steps", "300", "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps", "5",
-           "--checkpoints.last_every", "20", "--no_wandb", *TINY, *extra]
+           *RESUME_CHECKPOINTS, "--no_wandb", *TINY, *extra]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -100,7 +106,7 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
     assert main(["fit", "--run_dir", str(killed), "--ckpt_path", "last", "--no_wandb"]) == 0
     assert main(["fit", *TASKS["modular_addition"], "--run_dir", str(whole), "--trainer.max_steps", "300",
                  "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps", "5",
-                 "--checkpoints.last_every", "20", "--no_wandb", *TINY]) == 0
+                 *RESUME_CHECKPOINTS, "--no_wandb", *TINY]) == 0
     resumed, reference = list(read_jsonl(killed / "metrics.jsonl")), list(read_jsonl(whole / "metrics.jsonl"))
     keys = lambda rs: [(r["step"], sorted(r)) for r in rs]  # noqa: E731
     assert keys(resumed) == keys(reference)  # every step and key exactly once

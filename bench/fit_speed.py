@@ -1,0 +1,137 @@
+"""Steps per second of `phasewatch fit` against a hand-written PyTorch loop.
+
+Both train the same TransformerBridge on the same data with the same optimizer and
+validate at the same interval; `phasewatch fit` additionally logs to the run folder,
+keeps checkpoints on its schedule and draws its progress bar (W&B off). Start-up
+(imports, task and model construction) and the first WARMUP steps are excluded: both
+are timed from step WARMUP to the end of training. Reported as a ratio measured in the
+same process, the median of several alternating repeats (target: >= 0.9).
+
+    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+CONFIGS = {"quickstart": "configs/quickstart.yaml", "induction": "configs/induction_2l.yaml",
+           "reverse": "configs/reverse.yaml", "digits": "configs/digit_addition.yaml"}
+VAL_EVERY = 25
+WARMUP = 50
+
+
+class StepTimer:
+    """A Lightning callback (built lazily so importing this file stays light) that
+    records the time from the start of step WARMUP to the end of training."""
+
+    started: float | None = None
+    elapsed: float | None = None
+
+    @classmethod
+    def callback(cls):
+        import lightning.pytorch as pl
+
+        class _Timer(pl.Callback):
+            def on_train_batch_start(self, trainer, *args):
+                if trainer.global_step == WARMUP:
+                    cls.started = time.perf_counter()
+
+            def on_train_end(self, trainer, *args):
+                cls.elapsed = time.perf_counter() - cls.started
+
+        return _Timer()
+
+
+def fit_seconds(config: str, steps: int) -> float:
+    """Seconds `phasewatch fit` spends on steps WARMUP..steps (W&B off)."""
+    from phasewatch.trainers import cli, lightning_cli
+
+    original = lightning_cli.PhasewatchCLI.instantiate_trainer
+
+    def with_timer(self, **kwargs):
+        trainer = original(self, **kwargs)
+        trainer.callbacks.append(StepTimer.callback())
+        return trainer
+
+    lightning_cli.PhasewatchCLI.instantiate_trainer = with_timer
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            rc = cli.main(["fit", "--config", config, "--trainer.enable_progress_bar", "true", "--run_dir",
+                           f"{tmp}/run", "--trainer.max_steps", str(steps),
+                           "--trainer.val_check_interval", str(VAL_EVERY), "--no_wandb"])
+    finally:
+        lightning_cli.PhasewatchCLI.instantiate_trainer = original
+    assert rc == 0
+    return StepTimer.elapsed
+
+
+def loop_seconds(config: str, steps: int) -> float:
+    """The same model, data, optimizer and validation, in a plain PyTorch loop."""
+    import torch.nn.functional as F
+    import yaml
+
+    from phasewatch.tasks import task_class, task_names
+    from phasewatch.trainers.model import ModelConfig
+    from phasewatch.trainers.module import TrainModule
+
+    t0 = time.perf_counter()
+    cfg = yaml.safe_load(open(config))
+    task_cls = {c.__name__: c for c in map(task_class, task_names())}[cfg["data"]["task"]["class_path"].rsplit(".", 1)[-1]]
+    task = task_cls(**cfg["data"]["task"].get("init_args", {}))
+    model_args = dict(cfg.get("model", {}))
+    arch = ModelConfig(**model_args.pop("arch", {}))
+    torch.manual_seed(0)
+    module = TrainModule(task=task, arch=arch, **model_args)
+    batch_size = cfg["data"].get("batch_size")
+    model = module.model.original_model
+    hp = module.hparams
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=hp.lr,
+                            weight_decay=hp.weight_decay, betas=tuple(hp.betas))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / hp.warmup_steps) if hp.warmup_steps else 1.0)
+    val = task.val_batches()
+    for step in range(steps):
+        if step == WARMUP:
+            t0 = time.perf_counter()
+        batch = task.train_batch(step, batch_size)
+        logits = model(batch.tokens)
+        loss = F.cross_entropy(logits[batch.loss_mask].to(module.loss_dtype), batch.targets[batch.loss_mask])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if (step + 1) % VAL_EVERY == 0:
+            with torch.no_grad():
+                for vb in val:
+                    vl = model(vb.tokens)
+                    F.cross_entropy(vl[vb.loss_mask].to(module.loss_dtype), vb.targets[vb.loss_mask]).item()
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="quickstart")
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    args = CONFIGS[a.config]
+    fit_rates, loop_rates = [], []
+    for _ in range(a.repeats):  # alternate, so drift in machine load hits both
+        loop_rates.append((a.steps - WARMUP) / loop_seconds(args, a.steps))
+        fit_rates.append((a.steps - WARMUP) / fit_seconds(args, a.steps))
+    fit_rate, loop_rate = statistics.median(fit_rates), statistics.median(loop_rates)
+    print(f"\nconfig {a.config}: hand-written loop {loop_rate:.1f} steps/s, phasewatch fit {fit_rate:.1f} steps/s, "
+          f"ratio {fit_rate / loop_rate:.2f} (target >= 0.9) on {torch.get_num_threads()} threads", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
