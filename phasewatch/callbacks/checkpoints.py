@@ -15,6 +15,7 @@ checkpoint and is about to be logged again.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -74,19 +75,23 @@ class ScheduledCheckpoints(Checkpoint):
 
     # --- saving ---------------------------------------------------------------------
 
-    def _save(self, trainer: pl.Trainer, name: str) -> None:
+    def _save(self, trainer: pl.Trainer, name: str, copy_to_last: bool = False) -> None:
         path = Path(self.dirpath) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         trainer.save_checkpoint(tmp, weights_only=False)
         if trainer.is_global_zero:
+            if copy_to_last:  # the same bytes: copy rather than serialise twice
+                last_tmp = path.with_name("last.ckpt.tmp")
+                shutil.copyfile(tmp, last_tmp)
+                os.replace(last_tmp, path.with_name("last.ckpt"))
             os.replace(tmp, path)
 
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
         if step in self._steps:
-            self._save(trainer, checkpoint_name(step))
-        if step in self._steps or step % self.last_every == 0:
+            self._save(trainer, checkpoint_name(step), copy_to_last=True)
+        elif step % self.last_every == 0:
             self._save(trainer, "last.ckpt")
 
     @staticmethod

@@ -23,6 +23,24 @@ from phasewatch.trainers.run_store import RunFolderLogger, RunStore
 from phasewatch.trainers.wandb_logging import make_wandb_logger
 
 
+class TrainingProgressBar(TQDMProgressBar):
+    """One bar for training, its postfix showing the latest train and val metrics; no
+    extra bar per validation (grokking runs validate hundreds of times)."""
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        pass
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        pass
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        pass
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._train_progress_bar is not None and trainer.state.fn == "fit":
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+
 class PhasewatchCLI(LightningCLI):
     """LightningCLI plus `--run_dir`, `--wandb/--no_wandb`, `--wandb_project` and the
     `checkpoints` callback; sets up the run folder and loggers before the trainer."""
@@ -64,7 +82,7 @@ class PhasewatchCLI(LightningCLI):
         if trainer_cfg.get("enable_progress_bar") is not False and not trainer_cfg.get("callbacks"):
             # a quiet bar: about 100 refreshes per run, at most every 50 steps
             refresh = max(1, min(50, (trainer_cfg.get("max_steps") or 0) // 100))
-            kwargs.setdefault("callbacks", [TQDMProgressBar(refresh_rate=refresh)])
+            kwargs.setdefault("callbacks", [TrainingProgressBar(refresh_rate=refresh)])
         kwargs.setdefault("default_root_dir", str(store.root))
         self.store = store
         return super().instantiate_trainer(**kwargs)

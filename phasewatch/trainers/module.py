@@ -1,8 +1,9 @@
 """The LightningModule and the data module that train any phasewatch task.
 
 Metric keys logged (DESIGN.md): `train/loss`, `train/acc`, `lr` every logged step;
-`val/loss`, `val/acc` (token accuracy over loss positions) and `val/seq_acc` (all answer
-positions of a sequence right) at every validation.
+at every validation, over the whole held-out set: `val/loss` (mean cross-entropy per
+answer token), `val/acc` (fraction of answer tokens right) and `val/seq_acc` (fraction
+of sequences with every answer token right).
 """
 
 from __future__ import annotations
@@ -26,16 +27,11 @@ def masked_loss(logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype) -> 
 
 def masked_loss_and_acc(
     logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cross-entropy (in `loss_dtype`) and accuracy over the batch's loss positions, and
-    the per-sequence all-correct flags."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy (in `loss_dtype`) and accuracy over the batch's loss positions."""
     picked = logits[batch.loss_mask].to(loss_dtype)
     targets = batch.targets[batch.loss_mask]
-    loss = F.cross_entropy(picked, targets)
-    correct = picked.argmax(-1) == targets
-    per_pos = torch.ones_like(batch.loss_mask)
-    per_pos[batch.loss_mask] = correct
-    return loss, correct.float().mean(), per_pos.all(dim=-1)
+    return F.cross_entropy(picked, targets), (picked.argmax(-1) == targets).float().mean()
 
 
 class StepStream(IterableDataset):
@@ -138,7 +134,7 @@ class TrainModule(pl.LightningModule):
             # not a logging step (Lightning's own rule): skip the metric bookkeeping, which
             # costs as much as a small model's step
             return masked_loss(logits, batch, self.loss_dtype)
-        loss, acc, _ = masked_loss_and_acc(logits, batch, self.loss_dtype)
+        loss, acc = masked_loss_and_acc(logits, batch, self.loss_dtype)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log("train/acc", acc, prog_bar=True, batch_size=len(batch))
         self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=len(batch))
@@ -152,13 +148,28 @@ class TrainModule(pl.LightningModule):
         self.log("step", float(self.global_step), on_step=not self.trainer.validating,
                  on_epoch=self.trainer.validating, batch_size=1)
 
+    def on_validation_epoch_start(self) -> None:
+        # summed over all validation batches (which differ in length for rasp tasks):
+        # loss, answer tokens, correct tokens, whole-answer-correct sequences, sequences
+        self._val_sums = torch.zeros(5, dtype=torch.float64, device=self.device)
+
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         logits = native_module(self.model)(batch.tokens)
-        loss, acc, seq_ok = masked_loss_and_acc(logits, batch, self.loss_dtype)
-        n = len(batch)
-        self.log("val/loss", loss, prog_bar=True, batch_size=n)
-        self.log("val/acc", acc, prog_bar=True, batch_size=n)
-        self.log("val/seq_acc", seq_ok.float().mean(), batch_size=n)
+        picked = logits[batch.loss_mask].to(self.loss_dtype)
+        targets = batch.targets[batch.loss_mask]
+        correct = picked.argmax(-1) == targets
+        per_pos = torch.ones_like(batch.loss_mask)
+        per_pos[batch.loss_mask] = correct
+        self._val_sums += torch.stack([
+            F.cross_entropy(picked, targets, reduction="sum").double(), torch.tensor(len(targets), device=self.device),
+            correct.sum(), per_pos.all(dim=-1).sum(), torch.tensor(len(batch), device=self.device),
+        ]).double()
+
+    def on_validation_epoch_end(self) -> None:
+        loss, tokens, correct, seq_ok, seqs = self._val_sums
+        self.log("val/loss", loss / tokens, prog_bar=True)
+        self.log("val/acc", correct / tokens, prog_bar=True)
+        self.log("val/seq_acc", seq_ok / seqs)
         self._log_step()
 
     def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int) -> Batch:
