@@ -12,8 +12,38 @@ from pathlib import Path
 
 from phasewatch.trainers.run_store import RunStore, read_jsonl
 
-LOSS_KEYS = ("train/loss", "val/loss")
+LOSS_KEYS = ("train/loss", "val/loss", "grok/restricted_loss", "grok/excluded_loss")
 ACC_KEYS = ("train/acc", "val/acc")
+KNOWN_PANELS = [  # (title, key prefix or exact keys, y scale)
+    ("Gini coefficient of Fourier norms", ("grok/gini_embed", "grok/gini_neuron_logit"), "linear"),
+    ("sum of squared weights", ("grok/weight_norm",), "linear"),
+    ("share of W_L in each key frequency", "grok/key_freq/", "linear"),
+    ("loss per answer token", "digits/loss/", "log"),
+    ("accuracy per answer token", "digits/acc/", "linear"),
+]
+SKIP = ("lr", "val/seq_acc", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/")
+
+
+def panel_layout(data: dict) -> list[tuple[str, list[str], str]]:
+    """Which keys go in which panel: losses, accuracies, the known families, then one
+    panel per remaining key family."""
+    panels = [("loss", [k for k in LOSS_KEYS if k in data], "log"),
+              ("accuracy", [k for k in ACC_KEYS if k in data], "linear")]
+    used = set(LOSS_KEYS) | set(ACC_KEYS)
+    for title, keys, yscale in KNOWN_PANELS:
+        chosen = [k for k in sorted(data, key=_natural) if (k.startswith(keys) if isinstance(keys, str) else k in keys)]
+        panels.append((title, chosen, yscale))
+        used |= set(chosen)
+    rest: dict[str, list[str]] = defaultdict(list)
+    for key in sorted(data):
+        if key not in used and not key.startswith(SKIP) and key not in SKIP:
+            rest[key.split("/")[0]].append(key)
+    return panels + [(fam, keys, "linear") for fam, keys in rest.items()]
+
+
+def _natural(key: str):
+    tail = key.rsplit("/", 1)[-1]
+    return (key.rsplit("/", 1)[0], int(tail) if tail.isdigit() else 0, key)
 
 
 def series(run_dir: str | Path) -> dict[str, tuple[list[int], list[float]]]:
@@ -40,13 +70,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if not RunStore(run_dir).metrics.exists():
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} not found: is {run_dir} a phasewatch run folder?")
     data = series(run_dir)
-    families: dict[str, list[str]] = defaultdict(list)
-    for key in sorted(data):
-        if key in LOSS_KEYS or key in ACC_KEYS or key == "lr" or key == "val/seq_acc":
-            continue
-        families[key.split("/")[0]].append(key)
-    panels = [("loss", [k for k in LOSS_KEYS if k in data], "log"), ("accuracy", [k for k in ACC_KEYS if k in data], "linear")]
-    panels += [(fam, keys, "linear") for fam, keys in families.items()]
+    panels = [p for p in panel_layout(data) if p[1]]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), sharex=True, squeeze=False)
     for ax, (title, keys, yscale) in zip(axes[:, 0], panels):
         for key in keys:

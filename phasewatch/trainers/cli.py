@@ -20,6 +20,7 @@ commands:
   fit       train a model on a task (phasewatch fit --config configs/quickstart.yaml)
   validate  evaluate a checkpoint on the task's held-out data
   plot      draw a run's curves: phasewatch plot RUN_DIR [--out FILE.png]
+  analyze   progress measures of a checkpoint from the grokking paper's code: phasewatch analyze FILE.pth
   tasks     list the tasks and the tracr programs they can run
 
 phasewatch fit --help lists every configuration flag.
@@ -145,6 +146,48 @@ def plot_command(argv: list[str]) -> int:
     return 0
 
 
+def analyze_command(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="phasewatch analyze",
+        description="Losses and grokking progress measures of a checkpoint saved by the code of Nanda et al. 2023.")
+    parser.add_argument("checkpoint", help="a .pth file, e.g. ../shared/reference/progress-measures-paper/"
+                                           "wd_10-1_mod_addition_loss_curve.pth")
+    args = parser.parse_args(argv)
+    if not Path(args.checkpoint).is_file():
+        print(f"phasewatch: error: {args.checkpoint} is not a file", file=sys.stderr)
+        return 2
+    import torch
+    import torch.nn.functional as F
+
+    from phasewatch.probes.fourier import progress_measures
+    from phasewatch.trainers.model import load_progress_measures_checkpoint
+
+    try:
+        final, task = load_progress_measures_checkpoint(args.checkpoint)
+        before, _ = load_progress_measures_checkpoint(args.checkpoint, before_last_step=True)
+    except ValueError as err:
+        print(f"phasewatch: error: {err}", file=sys.stderr)
+        return 2
+    stored = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+
+    def loss(model, batch) -> float:
+        with torch.no_grad():
+            return F.cross_entropy(model(batch.tokens)[:, -1].double(), batch.targets[:, -1]).item()
+
+    print(f"task: (a + b) mod {task.p}, {len(task.train_set())} training pairs, seed {task.seed}")
+    for split, batch in (("train", task.train_set()), ("test", task.val_batches()[0])):
+        print(f"{split} loss: stored {stored[f'{split}_loss'].item():.6e} | weights before the last step "
+              f"{loss(before, batch):.6e} | final weights {loss(final, batch):.6e}")
+    out = progress_measures(final, task)
+    print(f"key frequencies (final weights): {sorted(out['key_freqs'])}")
+    for key, value in out.items():
+        if isinstance(value, float):
+            print(f"  {key:28s} {value:.6g}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -159,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             list_tasks()
         elif argv[0] == "plot":
             return plot_command(argv[1:])
+        elif argv[0] == "analyze":
+            return analyze_command(argv[1:])
         else:
             print(f"phasewatch: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
             return 2

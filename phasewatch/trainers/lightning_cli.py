@@ -16,6 +16,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
+from phasewatch.callbacks.probes import ProbeRunner
+from phasewatch.probes import default_probes
 from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.cli import default_run_dir
 from phasewatch.trainers.module import TaskDataModule, TrainModule
@@ -52,6 +54,7 @@ class PhasewatchCLI(LightningCLI):
                             help="Log to W&B (offline when not logged in); --no_wandb turns it off.")
         parser.add_argument("--wandb_project", type=str, default="phasewatch", help="W&B project name.")
         parser.add_lightning_class_args(ScheduledCheckpoints, "checkpoints")
+        parser.add_lightning_class_args(ProbeRunner, "probes")
         parser.link_arguments("data.task", "model.task", apply_on="instantiate")
 
     def instantiate_trainer(self, **kwargs: Any):
@@ -71,6 +74,10 @@ class PhasewatchCLI(LightningCLI):
         cfg.model.arch = Namespace(**dataclasses.asdict(self.model.arch))
         cfg.checkpoints.dirpath = ckpt_cb.dirpath
         cfg.checkpoints.schedule = Namespace(**dataclasses.asdict(ckpt_cb.schedule))
+        probe_cb = self._get(self.config_init, "probes")
+        if probe_cb.names is None:  # record the task's default probes by name
+            probe_cb.names = default_probes(task)
+        cfg.probes.names = list(probe_cb.names)
         name = Path(run_dir).name
         loggers = [RunFolderLogger(store, name)]
         if cfg.get("wandb") and self.subcommand == "fit":

@@ -110,8 +110,7 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
     resumed, reference = list(read_jsonl(killed / "metrics.jsonl")), list(read_jsonl(whole / "metrics.jsonl"))
     keys = lambda rs: [(r["step"], sorted(r)) for r in rs]  # noqa: E731
     assert keys(resumed) == keys(reference)  # every step and key exactly once
-    for a, b in zip(resumed, reference):  # same seed, same data order: same numbers
-        assert a == pytest.approx(b, rel=1e-6)
+    assert resumed == reference  # same seed, data order, optimizer state: the very same numbers
 
 
 def test_wandb_offline_run_and_sync_hint(tmp_path, capsys, monkeypatch):

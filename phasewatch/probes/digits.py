@@ -1,0 +1,32 @@
+"""Per-answer-token loss and accuracy for n-digit addition (Nanda et al. 2023, appendix:
+each of the 6 answer tokens of 5-digit addition has its own phase change).
+
+Keys: `digits/loss/<i>` and `digits/acc/<i>` for answer token i = 0 (the final carry,
+predicted first) .. n_digits, on the task's fixed held-out set.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from phasewatch.probes.registry import register_probe
+from phasewatch.tasks.digit_addition import DigitAddition
+
+
+@torch.no_grad()
+def per_token_metrics(model, task: DigitAddition) -> dict[str, float]:
+    (batch,) = task.val_batches()
+    logits = model(batch.tokens.to(next(model.parameters()).device)).float().cpu()
+    out: dict[str, float] = {}
+    for i, pos in enumerate(task.answer_positions):
+        target = batch.targets[:, pos]
+        out[f"digits/loss/{i}"] = float(F.cross_entropy(logits[:, pos], target))
+        out[f"digits/acc/{i}"] = float((logits[:, pos].argmax(-1) == target).float().mean())
+    return out
+
+
+@register_probe("digit_tokens", applies_to=lambda task: isinstance(task, DigitAddition), cheap=True)
+def digit_tokens_probe(model, task: DigitAddition) -> dict[str, float]:
+    """`per_token_metrics`: `digits/loss/<i>`, `digits/acc/<i>`."""
+    return per_token_metrics(model, task)

@@ -1,0 +1,175 @@
+"""Grokking progress measures of Nanda et al. 2023 ("Progress measures for grokking via
+mechanistic interpretability", sections 4-5), for modular addition.
+
+All functions are pure: a model (anything mapping tokens to logits, with TransformerLens
+weight views `W_E`, `W_U`, `W_out` where weights are read) and a ModularAddition task in,
+numbers out. The modulus p must be an odd prime (the Fourier story needs it); other p
+raise ConfigError.
+
+Definitions (REFERENCE.md):
+- Fourier basis: orthonormal p x p; row 0 constant / sqrt(p); rows 2k-1, 2k the
+  normalised cos and sin of frequency k = 1..(p-1)/2.
+- Key frequencies: the frequencies carrying more than `KEY_FACTOR` times the uniform
+  share of the Fourier-component norm of the neuron-logit map W_L = W_U^T W_out.
+- Restricted loss: the logits over all p^2 inputs projected onto the directions
+  cos(w(a+b)), sin(w(a+b)) of the key frequencies, plus their per-class mean (what a
+  constant shift of each output class does), cross-entropy on the test set.
+- Excluded loss: the logits with those directions removed, cross-entropy on the
+  training set.
+- Gini coefficients (Hurley-Rickard) of the Fourier-component norms of W_E and W_L.
+- Total sum of squared weights.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from phasewatch.probes.registry import register_probe
+from phasewatch.tasks.base import ConfigError
+from phasewatch.tasks.modular_addition import ModularAddition, _is_prime
+
+KEY_FACTOR = 2.0  # a key frequency carries > 2x the share it would have if all were equal
+CHUNK = 4096  # inputs per forward pass when evaluating all p^2 inputs
+
+
+def check_modulus(p: int) -> None:
+    """Raise ConfigError unless p is an odd prime."""
+    if not (isinstance(p, int) and p > 2 and _is_prime(p)):
+        raise ConfigError("data.task.p", f"the Fourier progress measures need an odd prime modulus, got {p!r}",
+                          "Use an odd prime such as 59, 97 or 113, or turn the grokking probes off.")
+
+
+def fourier_basis(p: int, dtype: torch.dtype = torch.float64) -> Float[Tensor, "p p"]:
+    """The orthonormal Fourier basis over Z_p (rows are basis vectors)."""
+    check_modulus(p)
+    x = torch.arange(p, dtype=dtype)
+    rows = [torch.ones(p, dtype=dtype)]
+    for k in range(1, (p - 1) // 2 + 1):
+        rows += [torch.cos(2 * math.pi * k * x / p), torch.sin(2 * math.pi * k * x / p)]
+    basis = torch.stack(rows)
+    return basis / basis.norm(dim=1, keepdim=True)
+
+
+def frequency_norms(matrix: Float[Tensor, "p d"]) -> Float[Tensor, "n_freq"]:
+    """Squared norm of `matrix` (indexed by residue along dim 0) in each frequency
+    k = 1..(p-1)/2 (cos and sin rows together); the constant component is left out."""
+    p = matrix.shape[0]
+    comps = (fourier_basis(p) @ matrix.double()).pow(2).sum(-1)
+    return comps[1::2] + comps[2::2]
+
+
+def key_frequencies(spectrum: Float[Tensor, "n_freq"], factor: float = KEY_FACTOR) -> list[int]:
+    """Frequencies (1-based) whose share of the spectrum exceeds `factor` times the
+    uniform share, strongest first."""
+    share = spectrum / spectrum.sum()
+    threshold = factor / len(spectrum)
+    order = torch.argsort(share, descending=True)
+    return [int(k) + 1 for k in order if share[k] > threshold]
+
+
+def hurley_rickard_gini(values: Tensor) -> float:
+    """Gini coefficient, components sorted ascending: sum((2k - N - 1) c_k) / (N sum c).
+    0 for a constant vector, (N-1)/N for a one-hot one."""
+    c = torch.sort(values.double().flatten().abs()).values
+    n = len(c)
+    k = torch.arange(1, n + 1, dtype=torch.float64)
+    total = c.sum()
+    return float(((2 * k - n - 1) * c).sum() / (n * total)) if total > 0 else 0.0
+
+
+def neuron_logit_map(model, p: int) -> Float[Tensor, "p d_mlp"]:
+    """W_L = W_U^T W_out of a 1-layer model, restricted to the p answer classes."""
+    w_u, w_out = model.W_U[:, :p], model.W_out[0]  # (d_model, p), (d_mlp, d_model)
+    return (w_out @ w_u).T.detach()
+
+
+@torch.no_grad()
+def all_logits(model, task: ModularAddition) -> Float[Tensor, "p p p"]:
+    """Logits over the p answer classes for every input (a, b), as [a, b, c], float64."""
+    p = task.p
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    device = next(model.parameters()).device
+    tokens = torch.stack([a.flatten(), b.flatten(), torch.full((p * p,), task.equals_token)], dim=1).to(device)
+    out = torch.cat([model(chunk)[:, -1, :p].double().cpu() for chunk in tokens.split(CHUNK)])
+    return out.reshape(p, p, p)
+
+
+def key_directions(p: int, freqs: Iterable[int]) -> Float[Tensor, "n p p"]:
+    """Orthonormal directions cos(w(a+b)), sin(w(a+b)) over the (a, b) grid, per frequency."""
+    x = torch.arange(p, dtype=torch.float64)
+    s = x[:, None] + x[None, :]
+    dirs = []
+    for k in freqs:
+        for fn in (torch.cos, torch.sin):
+            d = fn(2 * math.pi * k * s / p)
+            dirs.append(d / d.norm())
+    return torch.stack(dirs) if dirs else torch.zeros(0, p, p, dtype=torch.float64)
+
+
+def project(logits: Float[Tensor, "p p p"], directions: Float[Tensor, "n p p"]) -> Float[Tensor, "p p p"]:
+    """The part of each output class's logit map lying in the given (a, b) directions."""
+    coef = torch.einsum("abc,nab->nc", logits, directions)
+    return torch.einsum("nc,nab->abc", coef, directions)
+
+
+def _ce(logits: Float[Tensor, "p p p"], task: ModularAddition, pairs: Tensor) -> float:
+    picked = logits[pairs[:, 0], pairs[:, 1]]
+    return float(F.cross_entropy(picked, (pairs[:, 0] + pairs[:, 1]) % task.p))
+
+
+def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None = None) -> dict:
+    """Every grokking progress measure at once, for a 1-layer model.
+
+    Keys returned (and logged by the probe callback):
+    `grok/restricted_loss`, `grok/excluded_loss`, `grok/excluded_loss/<k>` (only
+    frequency k removed), `grok/gini_embed`, `grok/gini_neuron_logit`, `grok/weight_norm`,
+    `grok/key_logit_fraction` (share of the logits' non-constant variance in the key
+    directions), `grok/n_key_freqs`, `grok/key_freq/<k>` (share of W_L's Fourier norm in
+    key frequency k); and, not scalars: `key_freqs` (list), `spectrum` (W_L's norm per
+    frequency). `key_freqs` defaults to those of the current W_L.
+    """
+    if task.op != "+":
+        raise ConfigError("data.task.op", f"the progress measures describe modular addition, not {task.op!r}",
+                          "Use op '+' or turn the grokking probes off.")
+    check_modulus(task.p)
+    p = task.p
+    spectrum = frequency_norms(neuron_logit_map(model, p))
+    freqs = key_frequencies(spectrum) if key_freqs is None else list(key_freqs)
+    share = spectrum / spectrum.sum()
+    logits = all_logits(model, task)
+    train_pairs, test_pairs = task.train_set().tokens[:, :2], task.val_batches()[0].tokens[:, :2]
+    key = project(logits, key_directions(p, freqs))
+    mean = logits.mean(dim=(0, 1), keepdim=True)
+    centred = logits - mean
+    out = {
+        "grok/restricted_loss": _ce(key + mean, task, test_pairs),
+        "grok/excluded_loss": _ce(logits - key, task, train_pairs),
+        "grok/key_logit_fraction": float(key.pow(2).sum() / centred.pow(2).sum()),
+        "grok/gini_embed": hurley_rickard_gini((fourier_basis(p) @ model.W_E[:p].detach().double()).norm(dim=1)),
+        "grok/gini_neuron_logit": hurley_rickard_gini(
+            (fourier_basis(p) @ neuron_logit_map(model, p).double()).norm(dim=1)),
+        "grok/weight_norm": float(sum(w.detach().double().pow(2).sum() for w in model.parameters())),
+        "grok/n_key_freqs": float(len(freqs)),
+    }
+    for k in freqs:
+        out[f"grok/key_freq/{k}"] = float(share[k - 1])
+        out[f"grok/excluded_loss/{k}"] = _ce(logits - project(logits, key_directions(p, [k])), task, train_pairs)
+    out["key_freqs"] = freqs
+    out["spectrum"] = spectrum
+    return out
+
+
+def _applies(task) -> bool:
+    return isinstance(task, ModularAddition) and task.op == "+" and task.p > 2 and _is_prime(task.p)
+
+
+@register_probe("grokking", applies_to=_applies)
+def grokking_probe(model, task: ModularAddition) -> dict:
+    """The progress measures of `progress_measures` (keys listed there); 1-layer models."""
+    return progress_measures(model, task)

@@ -1,0 +1,59 @@
+"""The probe registry: named measurements, each a pure function (model, task) -> values.
+
+A probe returns a dict: float values are scalars (logged as metrics under the keys its
+docstring lists); anything else (lists, tensors) is an array, saved to the run folder
+under `arrays/<probe>/<key>/step=<N>.npy`. Names are unique; `applies_to` says which
+tasks a probe can measure; `cheap` probes may run at every validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from phasewatch.tasks.base import ConfigError, Task
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    name: str
+    fn: Callable[[Any, Task], dict[str, Any]]
+    applies_to: Callable[[Task], bool]
+    cheap: bool = False
+    default: bool = True  # run by default on the tasks it applies to
+
+    def __call__(self, model, task: Task) -> dict[str, Any]:
+        return self.fn(model, task)
+
+
+_PROBES: dict[str, Probe] = {}
+
+
+def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = False, default: bool = True):
+    """Function decorator: register `fn(model, task) -> dict` as probe `name`."""
+
+    def decorate(fn):
+        if name in _PROBES:
+            raise ValueError(f"probe name {name!r} is already registered")
+        _PROBES[name] = Probe(name, fn, applies_to, cheap, default)
+        return fn
+
+    return decorate
+
+
+def probe_names() -> list[str]:
+    return sorted(_PROBES)
+
+
+def get_probe(name: str, task: Task | None = None) -> Probe:
+    if name not in _PROBES:
+        raise ConfigError("probes.names", f"unknown probe {name!r}", f"Choose from: {', '.join(probe_names())}.")
+    probe = _PROBES[name]
+    if task is not None and not probe.applies_to(task):
+        raise ConfigError("probes.names", f"probe {name!r} does not apply to the task {task.name!r}",
+                          "Remove it, or pick a probe for this task (phasewatch tasks lists them).")
+    return probe
+
+
+def default_probes(task: Task) -> list[str]:
+    return [n for n, p in sorted(_PROBES.items()) if p.default and p.applies_to(task)]
