@@ -17,7 +17,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
 from phasewatch.callbacks.probes import ProbeRunner
-from phasewatch.probes import default_probes
+from phasewatch.probes import default_probes, get_probe
 from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.cli import default_run_dir
 from phasewatch.trainers.module import TaskDataModule, TrainModule
@@ -66,6 +66,12 @@ class PhasewatchCLI(LightningCLI):
         if store.has_run() and not resuming and self.subcommand == "fit":
             raise ConfigError("run_dir", f"{run_dir} already holds a run",
                               f"Resume it with --run_dir {run_dir} --ckpt_path last, or choose another --run_dir.")
+        probe_cb = self._get(self.config_init, "probes")
+        if probe_cb.names is None:  # record the task's default probes by name
+            probe_cb.names = default_probes(task)
+        for name in probe_cb.names:
+            get_probe(name, task)  # unknown or inapplicable probes stop here, before anything is written
+        cfg.probes.names = list(probe_cb.names)
         store.create()
         ckpt_cb = self._get(self.config_init, "checkpoints")
         ckpt_cb.dirpath = str(store.checkpoints)
@@ -74,10 +80,6 @@ class PhasewatchCLI(LightningCLI):
         cfg.model.arch = Namespace(**dataclasses.asdict(self.model.arch))
         cfg.checkpoints.dirpath = ckpt_cb.dirpath
         cfg.checkpoints.schedule = Namespace(**dataclasses.asdict(ckpt_cb.schedule))
-        probe_cb = self._get(self.config_init, "probes")
-        if probe_cb.names is None:  # record the task's default probes by name
-            probe_cb.names = default_probes(task)
-        cfg.probes.names = list(probe_cb.names)
         name = Path(run_dir).name
         loggers = [RunFolderLogger(store, name)]
         if cfg.get("wandb") and self.subcommand == "fit":

@@ -1,0 +1,37 @@
+"""Probes running inside `phasewatch fit`: on their schedule, at validations, into the run folder."""
+
+import numpy as np
+
+from phasewatch.trainers.cli import main
+from phasewatch.trainers.run_store import read_jsonl
+
+from .test_fit import TASKS, fit
+
+
+def test_grokking_probe_runs_on_its_schedule_and_saves_arrays(tmp_path):
+    run = tmp_path / "run"
+    assert fit(run, *TASKS["modular_addition"], "--probes.schedule.kind", "list",
+               "--probes.schedule.steps", "[0, 5, 12]") == 0
+    grok = [r for r in read_jsonl(run / "metrics.jsonl") if "grok/restricted_loss" in r]
+    assert [r["step"] for r in grok] == [0, 5, 12]
+    assert all(r["grok/weight_norm"] > 0 and 0 <= r["grok/gini_embed"] <= 1 for r in grok)
+    spectra = sorted((run / "arrays" / "grokking" / "spectrum").iterdir())
+    assert [p.name for p in spectra] == ["step=0000000.npy", "step=0000005.npy", "step=0000012.npy"]
+    assert np.load(spectra[0]).shape == (6,)  # (13 - 1) / 2 frequencies
+    assert "- grokking" in (run / "config.yaml").read_text()
+
+
+def test_digit_probe_runs_at_every_validation(tmp_path):
+    run = tmp_path / "run"
+    assert fit(run, *TASKS["digit_addition"]) == 0
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "digits/loss/0" in r]
+    assert [r["step"] for r in rows] == [4, 8, 12]  # the validation steps
+    assert all(set(r) >= {f"digits/{m}/{i}" for m in ("loss", "acc") for i in range(3)} for r in rows)
+
+
+def test_unknown_or_inapplicable_probe_is_refused(tmp_path, capsys):
+    assert main(["fit", "--run_dir", str(tmp_path / "a"), "--probes.names", "[nope]", "--no_wandb"]) == 2
+    assert "unknown probe 'nope'" in capsys.readouterr().err
+    assert main(["fit", "--run_dir", str(tmp_path / "b"), "--probes.names", "[digit_tokens]", "--no_wandb"]) == 2
+    assert "does not apply" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
