@@ -1,0 +1,29 @@
+"""The run folder's append-only files and their rollback on resume."""
+
+import json
+
+from phasewatch.trainers.run_store import RunStore, read_jsonl
+
+
+def test_rollback_keeps_what_preceded_the_checkpoint_and_drops_the_rest(tmp_path):
+    store = RunStore(tmp_path)
+    store.create()
+    for step in (0, 4, 9):
+        store.append_jsonl(store.metrics, {"step": step, "train/loss": 1.0})
+    store.append_jsonl(store.metrics, {"step": 10, "val/loss": 2.0})
+    snapshot = store.snapshot()  # a checkpoint at step 10, saved after validation
+    store.append_jsonl(store.metrics, {"step": 9, "late": 1.0})  # logged after the save, belongs before it
+    store.append_jsonl(store.metrics, {"step": 14, "train/loss": 0.5})  # will be logged again
+    store.append_jsonl(store.metrics, {"step": 20, "val/loss": 1.5})
+    with open(store.metrics, "a") as f:
+        f.write('{"step": 24, "train/lo')  # half-written line of the crash
+    store.rollback(snapshot, step=10)
+    assert [(r["step"], sorted(r)) for r in read_jsonl(store.metrics)] == [
+        (0, ["step", "train/loss"]), (4, ["step", "train/loss"]), (9, ["step", "train/loss"]),
+        (10, ["step", "val/loss"]), (9, ["late", "step"])]
+
+
+def test_read_jsonl_skips_a_half_written_last_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "x"')
+    assert list(read_jsonl(path)) == [{"step": 1}]
