@@ -76,6 +76,15 @@ def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
     return g
 
 
+def minibatch(pool: Batch, size: int | None, seed: int, step: int) -> Batch:
+    """`size` examples of a finite set, drawn without replacement by
+    `step_generator(seed, step)`; the whole set when `size` is None or not smaller."""
+    if size is None or size >= len(pool):
+        return pool
+    idx = torch.randperm(len(pool), generator=step_generator(seed, step))[:size]
+    return Batch(pool.tokens[idx], pool.targets[idx], pool.loss_mask[idx], {k: v[idx] for k, v in pool.extras.items()})
+
+
 def require(condition: bool, field: str, problem: str, fix: str) -> None:
     """Raise ConfigError(field, problem, fix) unless `condition` holds."""
     if not condition:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from phasewatch.tasks.base import Batch, Task, register_task, require, require_int, step_generator
+from phasewatch.tasks.base import Batch, Task, minibatch, register_task, require, require_int, step_generator
 
 PLUS, EQUALS = 10, 11
 
@@ -80,10 +80,7 @@ class DigitAddition(Task):
         size = batch_size or self.batch_size
         if self._train is None:
             return self.make_batch(step_generator(self.seed, step), size)
-        if size >= len(self._train):
-            return self._train
-        idx = torch.randperm(len(self._train), generator=step_generator(self.seed, step))[:size]
-        return Batch(self._train.tokens[idx], self._train.targets[idx], self._train.loss_mask[idx])
+        return minibatch(self._train, size, self.seed, step)
 
     def val_batches(self) -> list[Batch]:
         return [self._val]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from phasewatch.tasks.base import Batch, Task, register_task, require, require_int, step_generator
+from phasewatch.tasks.base import Batch, Task, minibatch, register_task, require, require_int
 
 OPS = ("+", "-", "*", "/")
 
@@ -112,10 +112,7 @@ class ModularAddition(Task):
         return self._train
 
     def train_batch(self, step: int, batch_size: int | None) -> Batch:
-        if batch_size is None or batch_size >= len(self._train):
-            return self._train
-        idx = torch.randperm(len(self._train), generator=step_generator(self.seed, step))[:batch_size]
-        return Batch(self._train.tokens[idx], self._train.targets[idx], self._train.loss_mask[idx])
+        return minibatch(self._train, batch_size, self.seed, step)
 
     def val_batches(self) -> list[Batch]:
         return [self._test]
