@@ -4,9 +4,10 @@ A thin adapter: the measurements live in `phasewatch.probes`. Probes run on thei
 schedule (log-spaced by default) at the start of the step, when the weights are those
 after `step` updates and everything earlier has been logged; cheap probes also run at
 every validation. Scalars go to every logger under the step; arrays are saved under
-`<run_dir>/arrays/<probe>/<key>/step=<N>.npy`. The key-frequency set of the grokking
-probe is tracked over time (`key_freq_history`), printed when it changes, and kept in
-checkpoints so it survives a resume.
+`<run_dir>/arrays/<probe>/<key>/step=<N>.npy`. Sets that probes report (the grokking
+key frequencies, the induction / previous-token heads, the composing head pairs) are
+tracked over time (`history`), printed when they change ("when did the induction circuit
+form, and from which heads?"), and kept in checkpoints so they survive a resume.
 """
 
 from __future__ import annotations
@@ -21,20 +22,30 @@ import torch
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.probes import default_probes, get_probe
 
+#: probe outputs that are sets worth following: key frequencies, classified heads, composing pairs
+TRACKED = ("key_freqs",)
+TRACKED_SUFFIXES = ("_heads", "_pairs")
+
 
 class ProbeRunner(pl.Callback):
     """Args:
     names: probes to run on the schedule (default: every probe that applies to the task).
     schedule: when (default: 60 log-spaced steps, step 0 and the last step included).
-    every_validation: also run the cheap ones among `names` at every validation.
+    every_validation: run the cheap ones among `names` at every validation (and at step
+        0) instead of on the schedule.
+    options: keyword arguments per probe, e.g. {"heads": {"thresholds": {"induction": 0.5}},
+        "composition": {"factor": 3}}.
     """
 
     def __init__(self, names: list[str] | None = None, schedule: Schedule = Schedule(kind="log", count=60),
-                 every_validation: bool = True):
+                 every_validation: bool = True, options: dict[str, dict] | None = None):
         self.names, self.schedule, self.every_validation = names, schedule.validate(), every_validation
-        self.key_freq_history: list[tuple[int, list[int]]] = []
+        self.options = options or {}
+        # when each tracked set changed: key -> [(step, labels)]
+        self.history: dict[str, list[tuple[int, list[str]]]] = {}
         self._steps: set[int] = set()
         self._probes: list = []
+        self._validated_at: int | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         task = pl_module.task
@@ -44,16 +55,24 @@ class ProbeRunner(pl.Callback):
 
     # --- when ---------------------------------------------------------------------
 
+    def _scheduled(self, trainer: pl.Trainer) -> list:
+        """The probes due at a scheduled step. Cheap probes that run at every validation
+        join only at step 0, the initial-weights baseline (no validation runs there)."""
+        step = trainer.global_step
+        return [p for p in self._probes
+                if not (p.cheap and self.every_validation) or (step == 0 and self._validated_at != 0)]
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step in self._steps:
-            self._run(trainer, pl_module, [p for p in self._probes if not (p.cheap and self.every_validation)])
+            self._run(trainer, pl_module, self._scheduled(trainer))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step in self._steps:  # the last step has no next batch
-            self._run(trainer, pl_module, [p for p in self._probes if not (p.cheap and self.every_validation)])
+            self._run(trainer, pl_module, self._scheduled(trainer))
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_validation and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._validated_at = trainer.global_step
             self._run(trainer, pl_module, [p for p in self._probes if p.cheap])
 
     # --- what ---------------------------------------------------------------------
@@ -66,7 +85,7 @@ class ProbeRunner(pl.Callback):
         model.eval()
         try:
             with torch.no_grad():
-                results = {p.name: p(model, pl_module.task) for p in probes}
+                results = {p.name: p(model, pl_module.task, **self.options.get(p.name, {})) for p in probes}
         finally:
             model.train(was_training)
         scalars: dict[str, float] = {}
@@ -76,8 +95,9 @@ class ProbeRunner(pl.Callback):
                     scalars[key] = float(value)
                 else:
                     self._save_array(trainer, name, key, step, value)
-            if "key_freqs" in values:
-                self._track_key_freqs(step, list(values["key_freqs"]))
+            for key, value in values.items():
+                if key in TRACKED or key.endswith(TRACKED_SUFFIXES):
+                    self._track(step, key, [str(v) for v in value])
         if scalars:
             for logger in trainer.loggers:
                 logger.log_metrics(scalars, step=step)
@@ -89,17 +109,22 @@ class ProbeRunner(pl.Callback):
         array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
         np.save(folder / f"step={step:07d}.npy", array)
 
-    def _track_key_freqs(self, step: int, freqs: list[int]) -> None:
-        previous = self.key_freq_history[-1][1] if self.key_freq_history else None
-        if previous is None or sorted(previous) != sorted(freqs):
-            self.key_freq_history.append((step, freqs))
+    def _track(self, step: int, key: str, labels: list[str]) -> None:
+        history = self.history.setdefault(key, [])
+        previous = history[-1][1] if history else None
+        if previous is None or sorted(previous) != sorted(labels):
+            history.append((step, labels))
             if previous is not None:
-                print(f"phasewatch: step {step}: key frequencies {sorted(previous)} -> {sorted(freqs)}")
+                print(f"phasewatch: step {step}: {key.replace('_', ' ')} {_show(previous)} -> {_show(labels)}")
 
     # --- resume -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"key_freq_history": [[s, list(f)] for s, f in self.key_freq_history]}
+        return {"history": {k: [[s, list(v)] for s, v in h] for k, h in self.history.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.key_freq_history = [(int(s), list(f)) for s, f in state_dict.get("key_freq_history", [])]
+        self.history = {k: [(int(s), list(v)) for s, v in h] for k, h in state_dict.get("history", {}).items()}
+
+
+def _show(labels: list[str]) -> str:
+    return "{" + ", ".join(sorted(labels, key=lambda x: (len(x), x))) + "}"

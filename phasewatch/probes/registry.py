@@ -1,6 +1,7 @@
 """The probe registry: named measurements, each a pure function (model, task) -> values.
 
-A probe returns a dict: float values are scalars (logged as metrics under the keys its
+A probe is called as `fn(model, task, **options)` (options from the probe runner's
+config, e.g. thresholds) and returns a dict: float values are scalars (logged as metrics under the keys its
 docstring lists); anything else (lists, tensors) is an array, saved to the run folder
 under `arrays/<probe>/<key>/step=<N>.npy`. Names are unique; `applies_to` says which
 tasks a probe can measure; `cheap` probes may run at every validation.
@@ -20,16 +21,23 @@ class Probe:
     fn: Callable[[Any, Task], dict[str, Any]]
     applies_to: Callable[[Task], bool]
     cheap: bool = False
-    default: bool = True  # run by default on the tasks it applies to
+    default: bool | Callable[[Task], bool] = True  # run by default on (these of) the tasks it applies to
 
-    def __call__(self, model, task: Task) -> dict[str, Any]:
-        return self.fn(model, task)
+    def __call__(self, model, task: Task, **options: Any) -> dict[str, Any]:
+        try:
+            return self.fn(model, task, **options)
+        except TypeError as err:
+            if options and "unexpected keyword" in str(err):
+                raise ConfigError("probes.options", f"probe {self.name!r} does not take {sorted(options)}",
+                                  f"See the docstring of probe {self.name!r} for its options.") from err
+            raise
 
 
 _PROBES: dict[str, Probe] = {}
 
 
-def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = False, default: bool = True):
+def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = False,
+                   default: bool | Callable[[Task], bool] = True):
     """Function decorator: register `fn(model, task) -> dict` as probe `name`."""
 
     def decorate(fn):
@@ -56,4 +64,5 @@ def get_probe(name: str, task: Task | None = None) -> Probe:
 
 
 def default_probes(task: Task) -> list[str]:
-    return [n for n, p in sorted(_PROBES.items()) if p.default and p.applies_to(task)]
+    return [n for n, p in sorted(_PROBES.items())
+            if p.applies_to(task) and (p.default(task) if callable(p.default) else p.default)]

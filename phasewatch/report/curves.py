@@ -20,8 +20,13 @@ KNOWN_PANELS = [  # (title, key prefix or exact keys, y scale)
     ("share of W_L in each key frequency", "grok/key_freq/", "linear"),
     ("loss per answer token", "digits/loss/", "log"),
     ("accuracy per answer token", "digits/acc/", "linear"),
+    ("loss on repeated random tokens", ("icl/first_copy_loss", "icl/second_copy_loss"), "linear"),
+    ("induction score per head", "heads/induction/L", "linear"),
+    ("previous-token score per head", "heads/prev_token/L", "linear"),
+    ("composition: maximum per kind and random baseline", ("comp/k/max", "comp/q/max", "comp/v/max", "comp/baseline"), "linear"),
 ]
-SKIP = ("lr", "val/seq_acc", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/")
+SKIP = ("lr", "val/seq_acc", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/", "comp/",
+        "heads/", "icl/loss_gap")
 
 
 def panel_layout(data: dict) -> list[tuple[str, list[str], str]]:

@@ -25,7 +25,7 @@ def test_digit_probe_runs_at_every_validation(tmp_path):
     run = tmp_path / "run"
     assert fit(run, *TASKS["digit_addition"]) == 0
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "digits/loss/0" in r]
-    assert [r["step"] for r in rows] == [4, 8, 12]  # the validation steps
+    assert [r["step"] for r in rows] == [0, 4, 8, 12]  # the initial weights, then every validation
     assert all(set(r) >= {f"digits/{m}/{i}" for m in ("loss", "acc") for i in range(3)} for r in rows)
 
 

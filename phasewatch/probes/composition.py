@@ -1,0 +1,138 @@
+"""Composition scores between attention heads (Elhage et al. 2021, "A Mathematical
+Framework for Transformer Circuits", section "Virtual weights and composition").
+
+score(A, B) = ||A B||_F / (||A||_F ||B||_F) with A = W_V W_O of the earlier head
+(row-vector convention) and B = W_Q W_K^T of the later head for Q-composition, its
+transpose for K-composition, and W_V W_O of the later head for V-composition; only
+pairs with layer(l1) < layer(l2). Everything is computed on the factored forms in
+d_head x d_head space, never as d_model x d_model products. LayerNorm (or RMSNorm)
+scales in front of a head are folded into the weights that read through them.
+
+Scores of random matrices average 1/sqrt(d_model) whatever d_head (the analytic
+baseline); the empirical baseline samples Gaussian matrices of the model's shapes.
+Composition is scale-free, so they are comparable across training.
+
+Keys (composition probe): `comp/<q,k,v>/L<l1>H<h1>-L<l2>H<h2>`, `comp/<q,k,v>/max`,
+`comp/<q,k,v>/count` (pairs above `factor` x baseline), `comp/baseline` (empirical),
+`comp/baseline_analytic`; arrays `q`, `k`, `v`: the full [layer, head, layer, head]
+tensors (NaN where l1 >= l2), and `<q,k,v>_pairs`: the composing pairs' labels.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from phasewatch.probes.registry import register_probe
+
+
+def factored_norm_sq(u: Float[Tensor, "... d r"], v: Float[Tensor, "... r d"]) -> Tensor:
+    """||u v||_F^2 via r x r Gram matrices: tr((u^T u)(v v^T))."""
+    return torch.einsum("...ij,...ji->...", u.transpose(-2, -1) @ u, v @ v.transpose(-2, -1))
+
+
+def composition_matrix(
+    u1: Float[Tensor, "n1 d r"], v1: Float[Tensor, "n1 r d"], u2: Float[Tensor, "n2 d r"], v2: Float[Tensor, "n2 r d"]
+) -> Float[Tensor, "n1 n2"]:
+    """score(u1 v1, u2 v2) for every pair: ||u1 (v1 u2) v2|| / (||u1 v1|| ||u2 v2||)."""
+    g1 = u1.transpose(-2, -1) @ u1  # (n1, r, r)
+    g2 = v2 @ v2.transpose(-2, -1)  # (n2, r, r)
+    m = torch.einsum("ard,bds->abrs", v1, u2)  # (n1, n2, r, r)
+    # ||u1 m v2||^2 = tr(m^T g1 m g2)
+    prod = torch.einsum("abji,ajk,abkl,bli->ab", m, g1, m, g2)
+    n1 = factored_norm_sq(u1, v1)
+    n2 = factored_norm_sq(u2, v2)
+    return (prod.clamp_min(0).sqrt() / (n1.sqrt()[:, None] * n2.sqrt()[None, :]))
+
+
+def head_weights(model) -> dict[str, Tensor]:
+    """W_Q, W_K, W_V [layer, head, d_model, d_head] and W_O [layer, head, d_head, d_model]
+    in float64, with each block's ln1 scale folded into the reading weights."""
+    w = {name: getattr(model, name).detach().double() for name in ("W_Q", "W_K", "W_V", "W_O")}
+    for layer in range(w["W_Q"].shape[0]):
+        scale = _ln1_scale(model, layer)
+        if scale is not None:
+            for name in ("W_Q", "W_K", "W_V"):
+                w[name][layer] = scale[:, None] * w[name][layer]
+    return w
+
+
+def _ln1_scale(model, layer: int) -> Tensor | None:
+    try:
+        scale = model.blocks[layer].ln1.w
+    except AttributeError:  # no LayerNorm: nothing to fold
+        return None
+    return None if scale is None else scale.detach().double()
+
+
+def composition_scores(model) -> dict[str, Float[Tensor, "layer head layer head"]]:
+    """Q-, K- and V-composition for every head pair, NaN where layer(l1) >= layer(l2)."""
+    w = head_weights(model)
+    n_layers, n_heads = w["W_Q"].shape[:2]
+    flat = {k: v.flatten(0, 1) for k, v in w.items()}  # (layer*head, ...)
+    ov_u, ov_v = flat["W_V"], flat["W_O"]  # A = W_V W_O
+    qk_u, qk_v = flat["W_Q"], flat["W_K"].transpose(-2, -1)  # B = W_Q W_K^T
+    scores = {
+        "q": composition_matrix(ov_u, ov_v, qk_u, qk_v),
+        "k": composition_matrix(ov_u, ov_v, qk_v.transpose(-2, -1), qk_u.transpose(-2, -1)),  # B^T = W_K W_Q^T
+        "v": composition_matrix(ov_u, ov_v, ov_u, ov_v),
+    }
+    layer = torch.arange(n_layers).repeat_interleave(n_heads)
+    invalid = layer[:, None] >= layer[None, :]
+    return {k: s.masked_fill(invalid, float("nan")).reshape(n_layers, n_heads, n_layers, n_heads)
+            for k, s in scores.items()}
+
+
+@functools.cache
+def random_baseline(d_model: int, d_head: int, samples: int = 256, seed: int = 0) -> float:
+    """Mean composition score of Gaussian matrices shaped like two heads' W_V W_O
+    (computed once per shape)."""
+    g = torch.Generator().manual_seed(seed)
+    mats = [torch.randn(samples, *shape, generator=g, dtype=torch.float64)
+            for shape in ((d_model, d_head), (d_head, d_model), (d_model, d_head), (d_head, d_model))]
+    return float(torch.diagonal(composition_matrix(*mats)).mean())
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+#: a pair composes when its score is this many times the random baseline
+COMPOSE_FACTOR = 2.0
+
+
+def composition_probe_values(model, factor: float = COMPOSE_FACTOR) -> dict:
+    """Scalars and arrays of the composition probe (keys in the module docstring), and
+    the pairs scoring above `factor` x the empirical baseline (`<kind>_pairs`,
+    `comp/<kind>/count`)."""
+    scores = composition_scores(model)
+    d_model, d_head = model.W_Q.shape[-2], model.W_Q.shape[-1]
+    baseline = random_baseline(d_model, d_head)
+    out: dict = {"comp/baseline": baseline, "comp/baseline_analytic": 1 / math.sqrt(d_model)}
+    for kind, s in scores.items():
+        n_layers, n_heads = s.shape[:2]
+        for l1 in range(n_layers):
+            for h1 in range(n_heads):
+                for l2 in range(l1 + 1, n_layers):
+                    for h2 in range(n_heads):
+                        out[f"comp/{kind}/{head_label(l1, h1)}-{head_label(l2, h2)}"] = float(s[l1, h1, l2, h2])
+        if n_layers > 1:
+            out[f"comp/{kind}/max"] = float(torch.nan_to_num(s, nan=-1.0).max())
+        pairs = [f"{head_label(a, b)}-{head_label(c, d)}"
+                 for a, b, c, d in (torch.nan_to_num(s, nan=0.0) > factor * baseline).nonzero().tolist()]
+        out[f"comp/{kind}/count"] = float(len(pairs))
+        out[f"{kind}_pairs"] = pairs
+        out[kind] = s
+    return out
+
+
+@register_probe("composition", applies_to=lambda task: True, cheap=True,
+                default=lambda task: task.name in ("induction", "rasp"))
+def composition_probe(model, task, factor: float = COMPOSE_FACTOR) -> dict:
+    """`composition_probe_values`: every Q/K/V score, their maxima, the baselines and
+    the composing pairs. Option `factor` (default 2): composing = above factor x baseline."""
+    return composition_probe_values(model, factor)

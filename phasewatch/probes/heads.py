@@ -1,0 +1,129 @@
+"""Head detectors that need no tokenizer (Olsson et al. 2022, "In-context Learning and
+Induction Heads"; Elhage et al. 2021), on generated repeated random tokens.
+
+Each score is computed from attention patterns on `BOS + L random tokens + the same L
+tokens` (L = `rep_len`, default as long as the context allows, at most 20):
+
+- previous-token score: mean attention from position i to i-1, over i >= 1.
+- duplicate-token score: attention mass on earlier positions holding the same token,
+  averaged over the queries that have such a position.
+- induction score (standard, not TransformerLens's `detect_head` "mul" normalisation):
+  the mean of the pattern's stripe at offset 1-L, over the L+2 queries it covers. A
+  perfect induction head, which attends BOS where the first copy has no earlier match,
+  scores (L+1)/(L+2).
+- copying score of the full OV circuit W_E W_V W_O W_U: sum of its eigenvalues' real
+  parts over the sum of their magnitudes (1: copies its input, -1: suppresses it).
+- in-context-learning gap `icl/loss_gap` = loss on the second copy minus loss on the
+  first (tokens 2..L of each copy): negative when the model uses the context.
+
+Keys: `heads/<prev_token,duplicate,induction,copying>/L<l>H<h>`, `heads/<type>/max`,
+`icl/loss_gap`, `icl/first_copy_loss`, `icl/second_copy_loss`, and per kind the number of heads above its threshold
+(`heads/<type>/count`); arrays: the [layer, head] score matrices and the labels of the
+heads above threshold (`<type>_heads`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from phasewatch.probes.composition import head_label
+from phasewatch.probes.registry import register_probe
+from phasewatch.tasks.base import step_generator
+
+#: a head is called a previous-token / duplicate / induction head above these scores
+THRESHOLDS = {"prev_token": 0.4, "duplicate": 0.4, "induction": 0.4}
+
+
+def repeated_tokens(vocab_size: int, bos: int, rep_len: int, batch: int, seed: int = 0) -> Int[Tensor, "batch pos"]:
+    """BOS followed by `rep_len` random tokens from 0..vocab_size-1, twice."""
+    g = step_generator(seed, 0, stream=7)
+    half = torch.randint(0, vocab_size, (batch, rep_len), generator=g)
+    return torch.cat([torch.full((batch, 1), bos), half, half], dim=1)
+
+
+def previous_token_score(pattern: Float[Tensor, "batch head q k"]) -> Float[Tensor, "head"]:
+    return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1))
+
+
+def induction_score(pattern: Float[Tensor, "batch head q k"], rep_len: int) -> Float[Tensor, "head"]:
+    return pattern.diagonal(offset=1 - rep_len, dim1=-2, dim2=-1).mean(dim=(0, -1))
+
+
+def duplicate_token_score(pattern: Float[Tensor, "batch head q k"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "head"]:
+    n = tokens.shape[1]
+    same = tokens[:, :, None] == tokens[:, None, :]
+    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)
+    dup = same & earlier  # (batch, q, k)
+    has = dup.any(-1)  # queries with an earlier duplicate
+    mass = (pattern * dup[:, None].to(pattern.dtype)).sum(-1)  # (batch, head, q)
+    return (mass * has[:, None]).sum(dim=(0, 2)) / has.sum().clamp_min(1)
+
+
+def copying_scores(model) -> Float[Tensor, "layer head"]:
+    """Eigenvalue copying score of W_E W_V W_O W_U per head, from the d_head x d_head
+    matrix W_O W_U W_E W_V, which has the same nonzero eigenvalues."""
+    w_e, w_u = model.W_E.detach().double(), model.W_U.detach().double()
+    w_v, w_o = model.W_V.detach().double(), model.W_O.detach().double()
+    d_vocab = min(w_e.shape[0], w_u.shape[1])
+    small = w_o @ w_u[:, :d_vocab] @ w_e[:d_vocab] @ w_v  # (layer, head, d_head, d_head)
+    eig = torch.linalg.eigvals(small)
+    return eig.real.sum(-1) / eig.abs().sum(-1).clamp_min(1e-30)
+
+
+@torch.no_grad()
+def head_scores(model, vocab_size: int, bos: int, n_ctx: int, rep_len: int | None = None, batch: int = 64) -> dict:
+    """Every head score and the in-context-learning gap (see the module docstring)."""
+    rep_len = rep_len or min(20, (n_ctx - 1) // 2)
+    tokens = repeated_tokens(vocab_size, bos, rep_len, batch).to(next(model.parameters()).device)
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
+    n_layers = model.W_Q.shape[0]
+    patterns = [cache[f"blocks.{layer}.attn.hook_pattern"].double().cpu() for layer in range(n_layers)]
+    tokens = tokens.cpu()
+    scores = {
+        "prev_token": torch.stack([previous_token_score(p) for p in patterns]),
+        "duplicate": torch.stack([duplicate_token_score(p, tokens) for p in patterns]),
+        "induction": torch.stack([induction_score(p, rep_len) for p in patterns]),
+        "copying": copying_scores(model).cpu(),
+    }
+    logp = F.log_softmax(logits.double().cpu()[:, :-1], dim=-1)
+    nll = -logp.gather(-1, tokens[:, 1:, None])[..., 0]  # position i predicts token i+1
+    # predicting tokens 2..L of each copy: positions 1..L-1 (first), L+1..2L-1 (second)
+    first, second = nll[:, 1:rep_len].mean(), nll[:, rep_len + 1:2 * rep_len].mean()
+    return {"scores": scores, "icl/loss_gap": float(second - first), "icl/first_copy_loss": float(first),
+            "icl/second_copy_loss": float(second), "rep_len": rep_len}
+
+
+def classify(scores: dict[str, Tensor], thresholds: dict[str, float] = THRESHOLDS) -> dict[str, list[str]]:
+    """Labels (`L<l>H<h>`) of the heads whose score is above each kind's threshold."""
+    return {kind: [head_label(int(l), int(h)) for l, h in (scores[kind] > thr).nonzero().tolist()]
+            for kind, thr in thresholds.items()}
+
+
+def head_probe_values(model, vocab_size: int, bos: int, n_ctx: int,
+                      thresholds: dict[str, float] | None = None) -> dict:
+    result = head_scores(model, vocab_size, bos, n_ctx)
+    out: dict = {k: result[k] for k in ("icl/loss_gap", "icl/first_copy_loss", "icl/second_copy_loss")}
+    for kind, s in result["scores"].items():
+        for layer in range(s.shape[0]):
+            for head in range(s.shape[1]):
+                out[f"heads/{kind}/{head_label(layer, head)}"] = float(s[layer, head])
+        out[f"heads/{kind}/max"] = float(s.max())
+        out[kind] = s
+    for kind, labels in classify(result["scores"], {**THRESHOLDS, **(thresholds or {})}).items():
+        out[f"heads/{kind}/count"] = float(len(labels))
+        out[f"{kind}_heads"] = labels
+    return out
+
+
+def _has_bos_vocab(task) -> bool:
+    return hasattr(task, "bos") and hasattr(task, "vocab_size")
+
+
+@register_probe("heads", applies_to=_has_bos_vocab, cheap=True, default=lambda task: task.name == "induction")
+def heads_probe(model, task, thresholds: dict[str, float] | None = None) -> dict:
+    """`head_probe_values` on repeated random tokens from the task's vocabulary. Option
+    `thresholds`: {"prev_token": 0.4, "duplicate": 0.4, "induction": 0.4} by default."""
+    return head_probe_values(model, task.vocab_size, task.bos, task.n_ctx, thresholds)
