@@ -102,7 +102,7 @@ def head_label(layer: int, head: int) -> str:
 
 
 #: a pair composes when its score is this many times the random baseline
-COMPOSE_FACTOR = 2.0
+COMPOSE_FACTOR = 1.6
 
 
 def composition_probe_values(model, factor: float = COMPOSE_FACTOR) -> dict:
@@ -134,5 +134,5 @@ def composition_probe_values(model, factor: float = COMPOSE_FACTOR) -> dict:
                 default=lambda task: task.name in ("induction", "rasp"))
 def composition_probe(model, task, factor: float = COMPOSE_FACTOR) -> dict:
     """`composition_probe_values`: every Q/K/V score, their maxima, the baselines and
-    the composing pairs. Option `factor` (default 2): composing = above factor x baseline."""
+    the composing pairs. Option `factor` (default 1.6): composing = above factor x baseline."""
     return composition_probe_values(model, factor)
