@@ -75,7 +75,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if not RunStore(run_dir).metrics.exists():
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} not found: is {run_dir} a phasewatch run folder?")
     data = series(run_dir)
-    panels = [p for p in panel_layout(data) if p[1]]
+    # a panel needs data, and more than the composition baseline alone (1-layer models)
+    panels = [p for p in panel_layout(data) if p[1] and p[1] != ["comp/baseline"]]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), sharex=True, squeeze=False)
     for ax, (title, keys, yscale) in zip(axes[:, 0], panels):
         for key in keys:
