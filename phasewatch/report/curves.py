@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from phasewatch.trainers.run_store import RunStore, read_jsonl
+from phasewatch.report.series import load_series
+from phasewatch.trainers.run_store import RunStore
 
 LOSS_KEYS = ("train/loss", "val/loss", "grok/restricted_loss", "grok/excluded_loss")
 ACC_KEYS = ("train/acc", "val/acc")
@@ -51,18 +52,6 @@ def _natural(key: str):
     return (key.rsplit("/", 1)[0], int(tail) if tail.isdigit() else 0, key)
 
 
-def series(run_dir: str | Path) -> dict[str, tuple[list[int], list[float]]]:
-    """Every numeric key of metrics.jsonl as (steps, values), in step order."""
-    out: dict[str, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
-    for record in read_jsonl(RunStore(run_dir).metrics):
-        step = record.get("step")
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)):
-                out[key][0].append(step)
-                out[key][1].append(float(value))
-    return dict(out)
-
-
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw the run's curves; returns the PNG's path. Raises FileNotFoundError when the
     folder has no metrics.jsonl."""
@@ -74,7 +63,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     if not RunStore(run_dir).metrics.exists():
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} not found: is {run_dir} a phasewatch run folder?")
-    data = series(run_dir)
+    data = load_series(run_dir)
     # a panel needs data, and more than the composition baseline alone (1-layer models)
     panels = [p for p in panel_layout(data) if p[1] and p[1] != ["comp/baseline"]]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), sharex=True, squeeze=False)

@@ -21,6 +21,7 @@ commands:
   validate  evaluate a checkpoint on the task's held-out data
   plot      draw a run's curves: phasewatch plot RUN_DIR [--out FILE.png]
   analyze   progress measures of a checkpoint from the grokking paper's code: phasewatch analyze FILE.pth
+  phases    phase transitions in every series of a run, metrics.jsonl or CSV: phasewatch phases FILE
   tasks     list the tasks and the tracr programs they can run
 
 phasewatch fit --help lists every configuration flag.
@@ -188,6 +189,60 @@ def analyze_command(argv: list[str]) -> int:
     return 0
 
 
+def phases_command(argv: list[str]) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(
+        prog="phasewatch phases",
+        description="Detect phase transitions (in log-step time) in every series of a run folder, a metrics.jsonl "
+                    "or a CSV file (steps from a 'step' column, else 1, 2, 3, ...).")
+    parser.add_argument("path")
+    parser.add_argument("--keys", nargs="*", help="only these series (default: all)")
+    parser.add_argument("--log-values", action="store_true", help="detect in log10 of the values (losses by decades)")
+    parser.add_argument("--reference", default=None,
+                        help="lead/lag against this series' transitions (default: val/loss when present)")
+    parser.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    args = parser.parse_args(argv)
+    from phasewatch.probes.transitions import DetectorConfig, detect_all, lead_lag
+    from phasewatch.report.series import load_series
+
+    try:
+        data = load_series(args.path)
+    except FileNotFoundError as err:
+        print(f"phasewatch: error: {err}", file=sys.stderr)
+        return 2
+    if args.keys:
+        missing = [k for k in args.keys if k not in data]
+        if missing:
+            print(f"phasewatch: error: no series {missing} in {args.path}; it has: {', '.join(sorted(data))}",
+                  file=sys.stderr)
+            return 2
+        data = {k: data[k] for k in args.keys}
+    events = detect_all(data, DetectorConfig(log_values=args.log_values))
+    if args.json:
+        for e in events:
+            print(json.dumps(e))
+        return 0
+    print(f"{len(events)} transitions in {len(data)} series of {args.path}")
+    if events:
+        print(f"{'metric':34s} {'dir':4s} {'onset':>8s} {'midpoint':>9s} {'end':>8s} {'magnitude':>10s}")
+        for e in events:
+            print(f"{e['metric'][:34]:34s} {e['direction']:4s} {e['onset']:8d} {e['midpoint']:9d} {e['end']:8d} "
+                  f"{e['magnitude']:10.4g}")
+    reference = args.reference or ("val/loss" if "val/loss" in data else None)
+    rows = lead_lag(events, reference) if reference else []
+    current = None
+    for r in rows:
+        if (r["reference_direction"], r["reference_midpoint"]) != current:
+            current = (r["reference_direction"], r["reference_midpoint"])
+            print(f"\nlead/lag against {reference} going {current[0]} (midpoint {current[1]}); "
+                  "positive = earlier:")
+        print(f"  {r['metric']:32s} {r['direction']:4s} midpoint {r['midpoint']:7d}  leads by {r['lead']:6d} steps "
+              f"(onset by {r['onset_lead']:6d})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -204,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             return plot_command(argv[1:])
         elif argv[0] == "analyze":
             return analyze_command(argv[1:])
+        elif argv[0] == "phases":
+            return phases_command(argv[1:])
         else:
             print(f"phasewatch: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
             return 2

@@ -1,0 +1,85 @@
+"""Phase-transition detection on synthetic curves with known change points, and on the
+published per-token losses of 5-digit addition."""
+
+import numpy as np
+import pytest
+
+from phasewatch.probes.transitions import detect_transitions, lead_lag
+from phasewatch.report.series import load_series
+
+LOG_STEPS = np.unique(np.round(np.geomspace(1, 20000, 300)))
+LINEAR_STEPS = np.arange(10, 20001, 10)
+
+
+def sigmoid_in_log_steps(steps, centre, width=0.15):
+    return 1 / (1 + np.exp(-(np.log10(steps) - np.log10(centre)) / width))
+
+
+def checkpoints_between(steps, a, b):
+    lo, hi = sorted((a, b))
+    return int(((steps > lo) & (steps <= hi)).sum())
+
+
+@pytest.mark.parametrize("centre", [100, 1000, 8000])
+@pytest.mark.parametrize("steps", [LOG_STEPS, LINEAR_STEPS], ids=["log-spaced", "linear"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_noisy_sigmoid_drop_is_found_within_a_few_checkpoints(centre, steps, seed):
+    rng = np.random.default_rng(seed)
+    values = 2 - 1.5 * sigmoid_in_log_steps(steps, centre) + rng.normal(0, 0.03, len(steps))
+    (event,) = detect_transitions(steps, values, "loss")
+    assert event["direction"] == "down" and event["magnitude"] == pytest.approx(1.5, rel=0.3)
+    # midpoint near the true centre: within a few checkpoints, or 10% in step for dense logging
+    assert (checkpoints_between(LOG_STEPS, event["midpoint"], centre) <= 5
+            or abs(event["midpoint"] - centre) <= 0.1 * centre)
+    assert event["onset"] < centre < event["end"]
+
+
+def test_two_transitions_in_opposite_directions():
+    rng = np.random.default_rng(3)
+    values = 1 + sigmoid_in_log_steps(LOG_STEPS, 200) - 0.8 * sigmoid_in_log_steps(LOG_STEPS, 5000)
+    events = detect_transitions(LOG_STEPS, values + rng.normal(0, 0.02, len(LOG_STEPS)), "x")
+    assert [e["direction"] for e in events] == ["up", "down"]
+    assert abs(np.log10(events[0]["midpoint"] / 200)) < 0.1 and abs(np.log10(events[1]["midpoint"] / 5000)) < 0.1
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_events_on_flat_noise_or_slow_drift(seed):
+    rng = np.random.default_rng(seed)
+    for steps in (LOG_STEPS, LINEAR_STEPS):
+        assert detect_transitions(steps, 1 + rng.normal(0, 0.05, len(steps)), "flat") == []
+        # a slow, steady drift in log-step time
+        drift = 3 - 0.3 * np.log10(steps) + rng.normal(0, 0.02, len(steps))
+        assert detect_transitions(steps, drift, "drift") == []
+    # a small linear drift in steps (5 noise levels over the whole run)
+    small = 1 - 0.1 * LINEAR_STEPS / LINEAR_STEPS[-1] + rng.normal(0, 0.02, len(LINEAR_STEPS))
+    assert detect_transitions(LINEAR_STEPS, small, "drift") == []
+
+
+def test_lead_lag_orders_measures_before_the_loss():
+    rng = np.random.default_rng(0)
+    noise = lambda: rng.normal(0, 0.02, len(LOG_STEPS))  # noqa: E731
+    events = (detect_transitions(LOG_STEPS, 3 - 2.5 * sigmoid_in_log_steps(LOG_STEPS, 5000) + noise(), "val/loss")
+              + detect_transitions(LOG_STEPS, 3 - 2.5 * sigmoid_in_log_steps(LOG_STEPS, 1000) + noise(), "restricted")
+              + detect_transitions(LOG_STEPS, 1 + 5 * sigmoid_in_log_steps(LOG_STEPS, 2000) + noise(), "excluded"))
+    rows = lead_lag(events, "val/loss")
+    assert [r["metric"] for r in rows] == ["restricted", "excluded"]
+    assert rows[0]["lead"] > rows[1]["lead"] > 1000
+
+
+def test_published_digit_addition_losses_drop_once_per_token_at_distinct_steps(reference_dir):
+    data = load_series(reference_dir / "5_digit_addition_infinite_per_token.csv")
+    assert sorted(data) == [f"answer_token_{i}" for i in range(6)]
+    main_drops = {}
+    for name, (steps, values) in data.items():
+        events = [e for e in detect_transitions(steps, values, name) if e["direction"] == "down"]
+        assert events, name
+        main_drops[name] = max(events, key=lambda e: e["magnitude"])
+        # it is the drop through half of the starting loss
+        start = np.median(values[:3])
+        half_step = steps[int(np.argmax(np.asarray(values) < start / 2))]
+        assert main_drops[name]["onset"] <= half_step <= main_drops[name]["end"], (name, half_step)
+    midpoints = sorted(e["midpoint"] for e in main_drops.values())
+    assert len(set(midpoints)) == 6
+    # the carry is learned first and token 1 second, as in the paper
+    assert main_drops["answer_token_0"]["midpoint"] < main_drops["answer_token_1"]["midpoint"] < min(
+        main_drops[f"answer_token_{i}"]["midpoint"] for i in (2, 3, 4, 5))
