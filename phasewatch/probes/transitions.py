@@ -15,8 +15,9 @@ spread over orders of magnitude of steps):
 4. A transition grows from the steepest segment over neighbours that move the same way
    and are comparably steep (at least 1/`steepness` of its slope); it counts when its
    total change is large against both the noise and the series' own range and it takes
-   up at most half of the run's log-time. Flat curves and slow drifts (one long, gentle
-   segment) give no event.
+   up at most half of the run's log-time. A jump of the same size between two segments
+   (a change between two logged points) is a transition too. Flat curves and slow
+   drifts (one long, gentle segment) give no event.
 
 Each transition is reported as the event of DESIGN.md: metric, direction ("down"/"up"),
 onset, midpoint (where the curve crosses half of the change), end, magnitude (the change
@@ -142,6 +143,12 @@ def detect_transitions(
                      "delta": slope * (t1 - t0), "y0": slope * t0 + intercept, "y1": slope * t1 + intercept})
     threshold = max(cfg.min_noise_multiple * noise, cfg.min_range_fraction * span)
     total = tb[-1] - tb[0]
+    def local_noise(first: int, last: int) -> float:
+        """The noise bar for a change measured on segments first..last: the fitted ends of
+        a line through n raw points vary by about 2 sigma / sqrt(n)."""
+        n = min(int(counts[fits[x]["i"]:fits[x]["j"]].sum()) for x in range(first, last + 1))
+        return cfg.min_noise_multiple * 2 * raw_noise / math.sqrt(max(n, 1))
+
     # a segment moves when its change stands out of the noise
     moving = max(3 * noise, 0.05 * span)
     direction = [np.sign(f["delta"]) if abs(f["delta"]) >= moving else 0.0 for f in fits]
@@ -162,7 +169,8 @@ def detect_transitions(
         change = run[-1]["y1"] - run[0]["y0"]
         duration = run[-1]["t1"] - run[0]["t0"]
         has_context = k > 0 or m < len(fits) - 1
-        if abs(change) >= threshold and 0 < duration <= cfg.max_duration * total and has_context:
+        if abs(change) >= max(threshold, local_noise(k, m)) and 0 < duration <= cfg.max_duration * total \
+                and has_context:
             events.append((k, m))
             for x in range(k, m + 1):
                 used[x] = True
@@ -174,12 +182,26 @@ def detect_transitions(
         else:
             merged.append((k, m))
     out = []
+    # a jump between two segments (the change happened between two logged points)
+    for a in range(len(fits) - 1):
+        jump = fits[a + 1]["y0"] - fits[a]["y1"]
+        if not used[a] and not used[a + 1] and abs(jump) >= max(threshold, local_noise(a, a + 1)):
+            before, after = float(np.mean(yb[fits[a]["i"]:fits[a]["j"]])), float(np.mean(yb[fits[a + 1]["i"]:fits[a + 1]["j"]]))
+            if direction[a] != 0:
+                before = fits[a]["y1"]
+            if direction[a + 1] != 0:
+                after = fits[a + 1]["y0"]
+            undo = (lambda v: 10**v) if use_log else (lambda v: v)
+            t_on, t_end = fits[a]["t1"], fits[a + 1]["t0"]
+            out.append({"metric": metric, "direction": "up" if jump > 0 else "down", "onset": int(round(10**t_on)),
+                        "midpoint": int(round(10 ** ((t_on + t_end) / 2))), "end": int(round(10**t_end)),
+                        "magnitude": float(abs(undo(after) - undo(before)))})
     for k, m in merged:
         event = _event(metric, fits, direction, k, m, tb, yb, use_log)
         # the 10-90% change must be quick in log-step time: a slow drift spreads over the run
         if 0 < math.log10(event["end"] / event["onset"]) <= cfg.max_duration * total:
             out.append(event)
-    return out
+    return sorted(out, key=lambda e: e["midpoint"])
 
 
 def _event(metric: str, fits: list[dict], direction: list[float], k: int, m: int, tb: np.ndarray, yb: np.ndarray,

@@ -81,3 +81,23 @@ def test_tasks_command_lists_tasks_and_programs(capsys):
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out
     assert "modular_addition" in out and "reverse" in out and "frac_prevs" in out
+
+
+def test_phases_command_on_the_published_csv(reference_dir, capsys):
+    assert main(["phases", str(reference_dir / "5_digit_addition_infinite_per_token.csv")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("6 transitions in 6 series")
+    assert all(f"answer_token_{i}" in out for i in range(6))
+
+
+def test_phases_command_json_on_a_run_and_bad_keys(tmp_path, capsys):
+    import json as _json
+
+    run = tmp_path / "m.jsonl"
+    rows = [{"step": s, "val/loss": 3.0 if s < 300 else 0.5} for s in range(10, 2000, 10)]
+    run.write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    assert main(["phases", str(run), "--json"]) == 0
+    (event,) = [_json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert event["metric"] == "val/loss" and event["direction"] == "down" and 250 <= event["midpoint"] <= 310
+    assert main(["phases", str(run), "--keys", "nope"]) == 2
+    assert "no series ['nope']" in capsys.readouterr().err
