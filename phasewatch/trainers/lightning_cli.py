@@ -17,6 +17,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
 from phasewatch.callbacks.probes import ProbeRunner
+from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.probes import default_probes, get_probe
 from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.cli import default_run_dir
@@ -55,6 +56,7 @@ class PhasewatchCLI(LightningCLI):
         parser.add_argument("--wandb_project", type=str, default="phasewatch", help="W&B project name.")
         parser.add_lightning_class_args(ScheduledCheckpoints, "checkpoints")
         parser.add_lightning_class_args(ProbeRunner, "probes")
+        parser.add_lightning_class_args(TransitionWatcher, "transitions")
         parser.link_arguments("data.task", "model.task", apply_on="instantiate")
 
     def instantiate_trainer(self, **kwargs: Any):

@@ -17,10 +17,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
+
+from phasewatch.callbacks.runfiles import EVENTS, METRICS, read_jsonl  # noqa: F401  (re-exported)
 
 
 class RunStore:
@@ -30,8 +32,8 @@ class RunStore:
         self.root = Path(root)
 
     config = property(lambda self: self.root / "config.yaml")
-    metrics = property(lambda self: self.root / "metrics.jsonl")
-    events = property(lambda self: self.root / "events.jsonl")
+    metrics = property(lambda self: self.root / METRICS)
+    events = property(lambda self: self.root / EVENTS)
     checkpoints = property(lambda self: self.root / "checkpoints")
     arrays = property(lambda self: self.root / "arrays")
     last_checkpoint = property(lambda self: self.root / "checkpoints" / "last.ckpt")
@@ -84,21 +86,6 @@ def _before(line: str, step: int) -> bool:
         return False
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Records of a JSON-lines file; a half-written last line (a crash) is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return
-    with open(path) as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
-
-
 class RunFolderLogger(Logger):
     """A Lightning logger that appends every logged scalar to the run folder's
     metrics.jsonl, one line per logging call, flushed at once. Non-finite values are
@@ -137,6 +124,11 @@ class RunFolderLogger(Logger):
         """On resume from a checkpoint at `step`: drop the lines logged after it that the
         resumed run will log again."""
         self.store.rollback(state, step)
+
+    @rank_zero_only
+    def log_event(self, event: dict[str, Any]) -> None:
+        """Append a phase-transition event to events.jsonl."""
+        self.store.append_jsonl(self.store.events, event)
 
     @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:

@@ -72,6 +72,17 @@ class SafeWandbLogger(WandbLogger):
     def after_save_checkpoint(self, checkpoint_callback):
         return self._guard(super().after_save_checkpoint, checkpoint_callback)
 
+    def log_event(self, event: dict) -> None:
+        """A detected phase transition: W&B run summary keys
+        `transitions/<metric>/<direction>/<onset|midpoint|end|magnitude>` (latest event)."""
+
+        def write():
+            prefix = f"transitions/{event['metric']}/{event['direction']}"
+            for key in ("onset", "midpoint", "end", "magnitude"):
+                self.experiment.summary[f"{prefix}/{key}"] = event[key]
+
+        self._guard(write)
+
     def finalize(self, status):
         """Close the W&B run at the end of fit (Lightning leaves it open, and the next
         run in the same process would silently log into it)."""

@@ -110,6 +110,8 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
     keys = lambda rs: [(r["step"], sorted(r)) for r in rs]  # noqa: E731
     assert keys(resumed) == keys(reference)  # every step and key exactly once
     assert resumed == reference  # same seed, data order, optimizer state: the very same numbers
+    # and the live transition detector reported the same events, none twice
+    assert list(read_jsonl(killed / "events.jsonl")) == list(read_jsonl(whole / "events.jsonl"))
 
 
 def test_wandb_offline_run_and_sync_hint(tmp_path, capsys, monkeypatch):

@@ -35,3 +35,22 @@ def test_unknown_or_inapplicable_probe_is_refused(tmp_path, capsys):
     assert main(["fit", "--run_dir", str(tmp_path / "b"), "--probes.names", "[digit_tokens]", "--no_wandb"]) == 2
     assert "does not apply" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_live_transition_detector_writes_events(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--data.task.p", "11",
+                 "--trainer.max_steps", "300", "--trainer.val_check_interval", "10", "--no_wandb",
+                 "--model.weight_decay", "0.1", "--model.arch.d_model", "32", "--model.arch.d_mlp", "64",
+                 "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
+                 "--transitions.every_n_validations", "3"]) == 0
+    events = list(read_jsonl(run / "events.jsonl"))
+    assert events and all(set(e) == {"metric", "direction", "onset", "midpoint", "end", "magnitude", "detected_at"}
+                          for e in events)
+    assert all(e["onset"] <= e["midpoint"] <= e["end"] <= e["detected_at"] for e in events)
+    acc = [e for e in events if e["metric"] == "train/acc"]
+    assert acc and acc[0]["direction"] == "up"  # memorisation of the training pairs
+    out = capsys.readouterr().out
+    assert f"transition in train/acc (up) from step {acc[0]['onset']}" in out
+    keys = [(e["metric"], e["direction"], e["onset"]) for e in events]
+    assert len(keys) == len(set(keys))  # each reported once

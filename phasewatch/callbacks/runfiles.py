@@ -1,0 +1,27 @@
+"""Names and readers of the run folder's append-only files (DESIGN.md "Run folder"),
+shared by the callbacks that read them back and by the run store that writes them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+METRICS = "metrics.jsonl"
+EVENTS = "events.jsonl"
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Records of a JSON-lines file; a half-written last line (a crash) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

@@ -1,0 +1,89 @@
+"""Live phase-transition detection: a thin callback around `probes.transitions`.
+
+Every `every_n_validations` validations it re-reads the run folder's metrics.jsonl,
+detects transitions in the watched series, and reports each new, finished one once: a
+line on the console, the event (with `detected_at`, the step at which it was detected)
+handed to every logger that has `log_event` (the run folder's events.jsonl, the W&B run
+summary). A transition counts as finished when the series has gone on for a while after
+its end (its end step x `settle`). What was reported is kept in checkpoints, so a
+resumed run does not report it again.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+from phasewatch.callbacks.runfiles import METRICS, read_jsonl
+from phasewatch.probes.transitions import detect_transitions
+
+#: series watched by default: not the per-head / per-pair / per-frequency details
+DETAIL = re.compile(r"/L\d+H\d+|/key_freq/|/excluded_loss/\d|^lr$")
+
+
+class TransitionWatcher(pl.Callback):
+    """Args:
+    metrics: the series to watch (default: every logged series but per-head, per-pair and
+        per-frequency details and `lr`).
+    every_n_validations: how often to look (each look costs ~30 ms per series).
+    settle: report a transition once the run has reached `settle` x its end step.
+    """
+
+    def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 4, settle: float = 1.25):
+        self.metrics, self.every, self.settle = metrics, max(1, int(every_n_validations)), settle
+        self.reported: list[dict[str, Any]] = []
+        self._validations = 0
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        self._validations += 1
+        if self._validations % self.every == 0:
+            self.look(trainer, trainer.global_step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.look(trainer, trainer.global_step, final=True)
+
+    def look(self, trainer: pl.Trainer, step: int, final: bool = False) -> list[dict]:
+        series: dict[str, tuple[list, list]] = {}
+        for record in read_jsonl(Path(trainer.default_root_dir) / METRICS):
+            for key, value in record.items():
+                if key == "step" or not isinstance(value, (int, float)) or record.get("step") is None:
+                    continue
+                if (self.metrics is None and not DETAIL.search(key)) or (self.metrics and key in self.metrics):
+                    series.setdefault(key, ([], []))
+                    series[key][0].append(record["step"])
+                    series[key][1].append(float(value))
+        new = []
+        for key, (steps, values) in sorted(series.items()):
+            for event in detect_transitions(steps, values, key):
+                if (final or step >= self.settle * event["end"]) and not self._known(event):
+                    event["detected_at"] = int(step)
+                    self.reported.append(event)
+                    new.append(event)
+                    self._announce(trainer, event)
+        return new
+
+    def _known(self, event: dict) -> bool:
+        """Already reported: same metric and direction, overlapping span."""
+        return any(r["metric"] == event["metric"] and r["direction"] == event["direction"]
+                   and r["onset"] <= event["end"] and event["onset"] <= r["end"] for r in self.reported)
+
+    @staticmethod
+    def _announce(trainer: pl.Trainer, event: dict) -> None:
+        print(f"phasewatch: step {event['detected_at']}: transition in {event['metric']} ({event['direction']}) "
+              f"from step {event['onset']} to {event['end']}, midpoint {event['midpoint']}, "
+              f"magnitude {event['magnitude']:.4g}")
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_event"):
+                logger.log_event(event)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reported": self.reported, "validations": self._validations}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.reported = list(state_dict.get("reported", []))
+        self._validations = int(state_dict.get("validations", 0))
