@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from phasewatch.trainers.run_store import read_jsonl
+from phasewatch.callbacks.runfiles import read_jsonl
 
 Series = dict[str, tuple[list[float], list[float]]]
 

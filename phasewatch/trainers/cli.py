@@ -22,6 +22,7 @@ commands:
   plot      draw a run's curves: phasewatch plot RUN_DIR [--out FILE.png]
   analyze   progress measures of a checkpoint from the grokking paper's code: phasewatch analyze FILE.pth
   phases    phase transitions in every series of a run, metrics.jsonl or CSV: phasewatch phases FILE
+  report    one self-contained HTML report of a run: phasewatch report RUN_DIR [--out FILE.html]
   tasks     list the tasks and the tracr programs they can run
 
 phasewatch fit --help lists every configuration flag.
@@ -243,6 +244,26 @@ def phases_command(argv: list[str]) -> int:
     return 0
 
 
+def report_command(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="phasewatch report",
+                                     description="Write RUN_DIR/report.html (self-contained) and RUN_DIR/figures/curves.png.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--out", default=None, help="HTML path (default: RUN_DIR/report.html)")
+    args = parser.parse_args(argv)
+    from phasewatch.report.curves import plot_run
+    from phasewatch.report.html import write_report
+
+    try:
+        print(write_report(args.run_dir, args.out))
+        print(plot_run(args.run_dir))
+    except FileNotFoundError as err:
+        print(f"phasewatch: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -261,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             return analyze_command(argv[1:])
         elif argv[0] == "phases":
             return phases_command(argv[1:])
+        elif argv[0] == "report":
+            return report_command(argv[1:])
         else:
             print(f"phasewatch: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
             return 2

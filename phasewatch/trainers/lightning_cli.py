@@ -19,6 +19,7 @@ from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
 from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.probes import default_probes, get_probe
+from phasewatch.report.live import LiveReport
 from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.cli import default_run_dir
 from phasewatch.trainers.module import TaskDataModule, TrainModule
@@ -57,6 +58,7 @@ class PhasewatchCLI(LightningCLI):
         parser.add_lightning_class_args(ScheduledCheckpoints, "checkpoints")
         parser.add_lightning_class_args(ProbeRunner, "probes")
         parser.add_lightning_class_args(TransitionWatcher, "transitions")
+        parser.add_lightning_class_args(LiveReport, "report")
         parser.link_arguments("data.task", "model.task", apply_on="instantiate")
 
     def instantiate_trainer(self, **kwargs: Any):

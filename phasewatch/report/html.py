@@ -1,0 +1,191 @@
+"""`phasewatch report RUN_DIR`: one self-contained HTML file (no network needed).
+
+What it shows: every series on a log-step axis in panels by family (losses, accuracy,
+grokking measures, head scores, composition, ...), the detected transitions as shaded
+bands (from events.jsonl, or detected now when the run has none), the lead/lag summary
+against val/loss, and the array measurements (composition [L,H,L,H] tensors, head-score
+[L,H] matrices, the grokking spectrum) as heatmaps with a slider over checkpoints. The
+data are embedded as JSON and drawn by a small script on <canvas>; nothing is fetched.
+Opening it as `report.html#checkpoint=K` puts every slider at checkpoint K.
+`live=True` adds a meta refresh, for the copy a running training rewrites.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+
+from phasewatch.callbacks.runfiles import EVENTS, read_jsonl
+from phasewatch.callbacks.transitions import DETAIL
+from phasewatch.probes.transitions import detect_all, lead_lag
+from phasewatch.report.curves import panel_layout
+from phasewatch.report.series import load_series
+
+REFRESH_SECONDS = 30
+
+
+def _arrays(run_dir: Path) -> dict[str, dict]:
+    """arrays/<probe>/<key>/step=N.npy of numeric matrices -> {name: {steps, labels, data}}."""
+    out: dict[str, dict] = {}
+    root = run_dir / "arrays"
+    if not root.is_dir():
+        return out
+    for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
+        files = sorted(folder.glob("step=*.npy"))
+        mats, steps = [], []
+        for f in files:
+            a = np.load(f, allow_pickle=False)
+            if a.dtype.kind not in "fiu" or a.ndim not in (1, 2, 4) or a.size == 0:
+                break
+            if a.ndim == 4:  # [layer, head, layer, head] -> (layer*head) x (layer*head)
+                a = a.reshape(a.shape[0] * a.shape[1], a.shape[2] * a.shape[3])
+            if a.ndim == 1:
+                a = a[None, :]
+            finite = np.isfinite(a)
+            cells = np.round(np.where(finite, a, 0.0).astype(float), 5).astype(object)
+            cells[~finite] = None  # JSON has no NaN (e.g. composition pairs with l1 >= l2)
+            mats.append(cells.tolist())
+            steps.append(int(f.stem.split("=")[1]))
+        if mats and all(np.shape(m) == np.shape(mats[0]) for m in mats):
+            out[f"{folder.parent.name}/{folder.name}"] = {"steps": steps, "data": mats}
+    return out
+
+
+def build_report(run_dir: str | Path, live: bool = False) -> str:
+    run_dir = Path(run_dir)
+    series = load_series(run_dir)
+    watched = {k: v for k, v in series.items() if not DETAIL.search(k)}
+    events = list(read_jsonl(run_dir / EVENTS)) or detect_all(watched)
+    panels = [{"title": t, "keys": k, "log_y": y == "log"} for t, k, y in panel_layout(series) if k]
+    reference = "val/loss" if "val/loss" in series else None
+    payload = {
+        "name": run_dir.name,
+        "series": {k: [list(map(float, s)), list(map(float, v))] for k, (s, v) in series.items()},
+        "panels": panels,
+        "events": events,
+        "leadlag": lead_lag(events, reference) if reference else [],
+        "arrays": _arrays(run_dir),
+    }
+    data = json.dumps(payload, allow_nan=False, default=float).replace("</", "<\\/")
+    refresh = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if live else ""
+    return TEMPLATE.replace("%REFRESH%", refresh).replace("%TITLE%", html.escape(run_dir.name)).replace("%DATA%", data)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, live: bool = False) -> Path:
+    """Write the report (default RUN_DIR/report.html) atomically; returns its path."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").exists():
+        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} not found: is {run_dir} a phasewatch run folder?")
+    out = Path(out) if out else run_dir / "report.html"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(build_report(run_dir, live))
+    tmp.replace(out)
+    return out
+
+
+TEMPLATE = r"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">%REFRESH%
+<title>phasewatch: %TITLE%</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fafafa}
+h1{font-size:20px;margin:4px 0 12px} h2{font-size:15px;margin:18px 0 6px}
+.panel{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px;margin:8px 0;display:inline-block;vertical-align:top}
+.legend span{display:inline-block;margin-right:10px;font-size:12px} table{border-collapse:collapse;font-size:13px}
+td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left} .note{color:#666;font-size:12px}
+</style></head><body>
+<h1>phasewatch report: %TITLE%</h1>
+<div class="note">Every series on a log-step axis; shaded bands are detected phase transitions.</div>
+<div id="panels"></div>
+<h2>Transitions and lead/lag</h2><div id="events"></div>
+<h2>Matrices over checkpoints</h2><div id="arrays"></div>
+<script id="data" type="application/json">%DATA%</script>
+<script>
+"use strict";
+const D = JSON.parse(document.getElementById("data").textContent);
+const COLORS = ["#1f77b4","#ff7f0e","#2ca02c","#d62728","#9467bd","#8c564b","#e377c2","#7f7f7f","#bcbd22","#17becf"];
+const W = 560, H = 220, M = {l: 52, r: 10, t: 10, b: 26};
+function el(tag, attrs, parent) { const e = document.createElement(tag); Object.assign(e, attrs || {}); if (parent) parent.appendChild(e); return e; }
+function extent(a) { let lo = Infinity, hi = -Infinity; for (const v of a) { if (v < lo) lo = v; if (v > hi) hi = v; } return [lo, hi]; }
+function drawPanel(panel) {
+  const box = el("div", {className: "panel"}, document.getElementById("panels"));
+  el("div", {textContent: panel.title, style: "font-weight:600;font-size:13px"}, box);
+  const cv = el("canvas", {width: W, height: H}, box); cv.dataset.title = panel.title;
+  const g = cv.getContext("2d");
+  const pts = panel.keys.map(k => D.series[k]).filter(Boolean);
+  const xs = [].concat(...pts.map(p => p[0].filter(s => s >= 1).map(Math.log10)));
+  let ys = [].concat(...pts.map(p => p[1]));
+  if (panel.log_y) ys = ys.filter(v => v > 0).map(Math.log10);
+  if (!xs.length || !ys.length) return;
+  let [x0, x1] = extent(xs), [y0, y1] = extent(ys);
+  if (x1 === x0) x1 = x0 + 1; if (y1 === y0) { y1 = y0 + 1; y0 -= 1; }
+  const X = x => M.l + (x - x0) / (x1 - x0) * (W - M.l - M.r);
+  const Y = y => H - M.b - (y - y0) / (y1 - y0) * (H - M.t - M.b);
+  for (const ev of D.events) {
+    if (!panel.keys.includes(ev.metric) || ev.onset < 1) continue;
+    g.fillStyle = ev.direction === "down" ? "rgba(214,39,40,0.12)" : "rgba(44,160,44,0.12)";
+    const a = X(Math.log10(ev.onset)), b = X(Math.log10(Math.max(ev.end, ev.onset)));
+    g.fillRect(a, M.t, Math.max(b - a, 2), H - M.t - M.b);
+  }
+  g.strokeStyle = "#999"; g.strokeRect(M.l, M.t, W - M.l - M.r, H - M.t - M.b);
+  g.fillStyle = "#555"; g.font = "11px sans-serif";
+  for (let d = Math.ceil(x0); d <= Math.floor(x1); d++) g.fillText("1e" + d, X(d) - 8, H - 8);
+  for (const f of [0, 0.5, 1]) { const v = y0 + f * (y1 - y0); g.fillText(panel.log_y ? "1e" + v.toFixed(1) : v.toPrecision(3), 2, Y(v) + 4); }
+  const legend = el("div", {className: "legend"}, box);
+  panel.keys.forEach((k, i) => {
+    const p = D.series[k]; if (!p) return;
+    const c = COLORS[i % COLORS.length]; g.strokeStyle = c; g.lineWidth = 1.4; g.beginPath();
+    let started = false;
+    p[0].forEach((s, j) => { let v = p[1][j]; if (s < 1 || (panel.log_y && !(v > 0))) return; if (panel.log_y) v = Math.log10(v);
+      const px = X(Math.log10(s)), py = Y(v); if (started) g.lineTo(px, py); else { g.moveTo(px, py); started = true; } });
+    g.stroke(); el("span", {textContent: "\u25A0 " + k, style: "color:" + c}, legend);
+  });
+}
+function drawEvents() {
+  const box = document.getElementById("events");
+  if (!D.events.length) { box.textContent = "No transitions detected."; return; }
+  const t = el("table", {}, box);
+  t.innerHTML = "<tr><th>metric</th><th>direction</th><th>onset</th><th>midpoint</th><th>end</th><th>magnitude</th><th>detected at</th></tr>" +
+    D.events.map(e => `<tr><td>${e.metric}</td><td>${e.direction}</td><td>${e.onset}</td><td>${e.midpoint}</td><td>${e.end}</td><td>${(+e.magnitude).toPrecision(3)}</td><td>${e.detected_at ?? ""}</td></tr>`).join("");
+  if (D.leadlag.length) {
+    el("h2", {textContent: "Lead/lag against val/loss (positive: earlier)"}, box);
+    const l = el("table", {}, box);
+    l.innerHTML = "<tr><th>val/loss transition (midpoint)</th><th>metric</th><th>direction</th><th>midpoint</th><th>leads by (steps)</th></tr>" +
+      D.leadlag.map(r => `<tr><td>${r.reference_direction} (${r.reference_midpoint})</td><td>${r.metric}</td><td>${r.direction}</td><td>${r.midpoint}</td><td>${r.lead}</td></tr>`).join("");
+  }
+}
+function heatColor(v, lo, hi) {
+  if (v === null || Number.isNaN(v)) return "#eee";
+  const f = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+  return `rgb(${Math.round(255 * Math.min(1, 2 * f))},${Math.round(255 * (1 - Math.abs(f - 0.5) * 2) * 0.85)},${Math.round(255 * Math.min(1, 2 * (1 - f)))})`;
+}
+function drawArray(name, A) {
+  const box = el("div", {className: "panel"}, document.getElementById("arrays"));
+  el("div", {textContent: name, style: "font-weight:600;font-size:13px"}, box);
+  const cv = el("canvas", {width: 320, height: 240}, box); cv.dataset.array = name;
+  const label = el("div", {className: "note"}, box);
+  const slider = el("input", {type: "range", min: 0, max: A.steps.length - 1, value: A.steps.length - 1, style: "width:300px"}, box);
+  slider.dataset.array = name;
+  const flat = [].concat(...A.data.map(m => [].concat(...m))).filter(v => v !== null && !Number.isNaN(v));
+  const [lo, hi] = extent(flat.length ? flat : [0, 1]);
+  function render() {
+    const m = A.data[+slider.value], g = cv.getContext("2d");
+    g.clearRect(0, 0, cv.width, cv.height);
+    const rows = m.length, cols = m[0].length, cw = cv.width / cols, ch = cv.height / rows;
+    m.forEach((row, i) => row.forEach((v, j) => { g.fillStyle = heatColor(v, lo, hi); g.fillRect(j * cw, i * ch, Math.ceil(cw), Math.ceil(ch)); }));
+    label.textContent = `step ${A.steps[+slider.value]} (checkpoint ${+slider.value + 1} of ${A.steps.length}); colour range ${lo.toPrecision(3)} to ${hi.toPrecision(3)}`;
+  }
+  slider.addEventListener("input", render); render();
+}
+D.panels.forEach(drawPanel); drawEvents();
+const names = Object.keys(D.arrays);
+if (!names.length) document.getElementById("arrays").textContent = "No array measurements in this run.";
+names.forEach(n => drawArray(n, D.arrays[n]));
+// "#checkpoint=K" opens every slider at checkpoint K (links, and the browser test)
+const wanted = /checkpoint=(\d+)/.exec(location.hash);
+if (wanted) document.querySelectorAll("input[type=range]").forEach(s => {
+  s.value = Math.min(+wanted[1], +s.max); s.dispatchEvent(new Event("input")); });
+</script></body></html>
+"""
