@@ -20,6 +20,8 @@ import lightning.pytorch as pl
 from phasewatch.callbacks.runfiles import METRICS, read_jsonl
 from phasewatch.probes.transitions import detect_transitions
 
+SAME = 1.5
+
 #: series watched by default: not the per-head / per-pair / per-frequency details
 DETAIL = re.compile(r"/L\d+H\d+|/key_freq/|/excluded_loss/\d|^lr$")
 
@@ -32,7 +34,7 @@ class TransitionWatcher(pl.Callback):
     settle: report a transition once the run has reached `settle` x its end step.
     """
 
-    def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 4, settle: float = 1.25):
+    def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 4, settle: float = 1.5):
         self.metrics, self.every, self.settle = metrics, max(1, int(every_n_validations)), settle
         self.reported: list[dict[str, Any]] = []
         self._validations = 0
@@ -68,9 +70,11 @@ class TransitionWatcher(pl.Callback):
         return new
 
     def _known(self, event: dict) -> bool:
-        """Already reported: same metric and direction, overlapping span."""
+        """Already reported: same metric and direction, and spans that overlap once each is
+        widened by `SAME` in log-step (estimates move a little as the series grows)."""
         return any(r["metric"] == event["metric"] and r["direction"] == event["direction"]
-                   and r["onset"] <= event["end"] and event["onset"] <= r["end"] for r in self.reported)
+                   and r["onset"] / SAME <= event["end"] * SAME and event["onset"] / SAME <= r["end"] * SAME
+                   for r in self.reported)
 
     @staticmethod
     def _announce(trainer: pl.Trainer, event: dict) -> None:
