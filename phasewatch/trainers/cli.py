@@ -98,8 +98,29 @@ def resume_arguments(argv: list[str]) -> list[str]:
         if not store.last_checkpoint.exists():
             raise ConfigError("ckpt_path", f"{store.last_checkpoint} does not exist",
                               "The run saved no checkpoint yet; start it again without --ckpt_path.")
-        argv = _set_flag(argv, "--ckpt_path", str(store.last_checkpoint))
+        ckpt = str(store.last_checkpoint)
+        argv = _set_flag(argv, "--ckpt_path", ckpt)
+    check_checkpoint(Path(ckpt))
     return argv
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise ConfigError naming the file, and the newest other checkpoint beside it, when a
+    checkpoint to resume from is missing, truncated or corrupt."""
+    from phasewatch.tasks.base import ConfigError
+
+    others = sorted((p for p in path.parent.glob("step=*.ckpt") if p != path), reverse=True)
+    fix = (f"Resume from an earlier one, e.g. --ckpt_path {others[0]}" if others
+           else "No other checkpoint is beside it; start the run again.")
+    if not path.is_file():
+        raise ConfigError("ckpt_path", f"{path} does not exist", fix)
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # this run's own file
+        ckpt["state_dict"], ckpt["global_step"]
+    except Exception as err:  # noqa: BLE001 - any failure to read it means the same to the user
+        raise ConfigError("ckpt_path", f"{path} is truncated or corrupt ({type(err).__name__}: {err})", fix) from err
 
 
 def _lightning_cli(argv: list[str]) -> None:

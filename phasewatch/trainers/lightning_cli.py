@@ -77,6 +77,7 @@ class PhasewatchCLI(LightningCLI):
             get_probe(name, task)  # unknown or inapplicable probes stop here, before anything is written
         cfg.probes.names = list(probe_cb.names)
         store.create()
+        store.acquire_lock()
         ckpt_cb = self._get(self.config_init, "checkpoints")
         ckpt_cb.dirpath = str(store.checkpoints)
         # record what the run really uses, not "default" placeholders
@@ -111,6 +112,11 @@ class PhasewatchCLI(LightningCLI):
             self._parser(self.subcommand).save(self.config[self.subcommand], self.store.config,
                                                skip_none=False, overwrite=True)
         print(f"phasewatch: run folder {self.store.root}")
+
+    def after_fit(self) -> None:
+        self.store.release_lock()
+        if getattr(self.model, "nonfinite_step", None) is not None:
+            sys.exit(1)  # stopped on a NaN/inf loss: a failure for scripts and sweeps
 
 
 TRAINER_DEFAULTS = dict(  # with the other defaults: the quickstart run

@@ -95,6 +95,10 @@ class TrainModule(pl.LightningModule):
         warmup_steps: linear warm-up, lr * min(step / warmup_steps, 1) (the paper's schedule,
             so step 0 runs at lr 0); 0 disables it.
         loss_dtype: "float32" or "float64"; None uses the task's choice (grokking: float64).
+        on_nonfinite: what a NaN or infinite training loss does: "stop" (default: training
+            ends at once with a message naming the step; the weights, the last checkpoint
+            and every metric so far stay as they were) or "skip" (that step's update is
+            skipped and counted in `train/skipped_steps`).
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class TrainModule(pl.LightningModule):
         betas: tuple[float, float] = (0.9, 0.98),
         warmup_steps: int = 10,
         loss_dtype: str | None = None,
+        on_nonfinite: str = "stop",
     ):
         super().__init__()
         if task is None:
@@ -119,27 +124,47 @@ class TrainModule(pl.LightningModule):
         require_int(warmup_steps, "model.warmup_steps", 0)
         require(loss_dtype in (None, "float32", "float64"), "model.loss_dtype", f"unknown dtype {loss_dtype!r}",
                 "Use float32, float64 or leave it unset.")
+        require(on_nonfinite in ("stop", "skip"), "model.on_nonfinite", f"unknown choice {on_nonfinite!r}",
+                "Use stop or skip.")
         self.save_hyperparameters(ignore=["task"])
         self.task = task
         self.arch = (arch or ModelConfig()).resolve(task)
         self.model = build_model(self.arch, task)
         self.loss_dtype = getattr(torch, loss_dtype) if loss_dtype else task.loss_dtype
+        self.skipped_steps = 0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         logits = native_module(self.model)(batch.tokens)
         if (self.global_step + 1) % self.trainer.log_every_n_steps:
             # not a logging step (Lightning's own rule): skip the metric bookkeeping, which
             # costs as much as a small model's step
-            return masked_loss(logits, batch, self.loss_dtype)
+            return self._checked(masked_loss(logits, batch, self.loss_dtype))
         loss, acc = masked_loss_and_acc(logits, batch, self.loss_dtype)
+        if self._checked(loss) is None:
+            return None
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log("train/acc", acc, prog_bar=True, batch_size=len(batch))
         self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=len(batch))
         self._log_step()
         return loss
+
+    def _checked(self, loss: torch.Tensor) -> torch.Tensor | None:
+        """The loss, or None (no update this step) when it is NaN or infinite."""
+        if torch.isfinite(loss):
+            return loss
+        if self.hparams.on_nonfinite == "skip":
+            self.skipped_steps += 1
+            self.log("train/skipped_steps", float(self.skipped_steps), batch_size=1)
+            return None
+        print(f"phasewatch: error: the training loss is {loss.item()} at step {self.global_step}; training stops "
+              f"here, without that update. The checkpoints and every metric so far are kept. "
+              "Lower --model.lr, or pass --model.on_nonfinite skip to skip such steps.")
+        self.trainer.should_stop = True
+        self.nonfinite_step = self.global_step
+        return None
 
     def _log_step(self) -> None:
         # The step every logged value is filed under: the number of optimizer steps applied

@@ -13,9 +13,11 @@ runs/<name>/
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +40,49 @@ class RunStore:
     arrays = property(lambda self: self.root / "arrays")
     last_checkpoint = property(lambda self: self.root / "checkpoints" / "last.ckpt")
 
-    def create(self) -> None:
-        for d in (self.root, self.checkpoints, self.arrays):
-            d.mkdir(parents=True, exist_ok=True)
+    lock = property(lambda self: self.root / ".lock")
+
+    def create(self, min_free_bytes: int = 64 * 2**20) -> None:
+        """Make the folders, or raise ConfigError at once when the place is not writable or
+        the disk is (nearly) full: better now than after an hour of training."""
+        from phasewatch.tasks.base import ConfigError
+
+        try:
+            for d in (self.root, self.checkpoints, self.arrays):
+                d.mkdir(parents=True, exist_ok=True)
+            probe = self.root / ".write-test"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as err:
+            raise ConfigError("run_dir", f"cannot write to {self.root} ({err.strerror or err})",
+                              "Choose a writable --run_dir.") from err
+        free = shutil.disk_usage(self.root).free
+        if free < min_free_bytes:
+            raise ConfigError("run_dir", f"only {free // 2**20} MiB free on the disk of {self.root}",
+                              "Free some space or choose a --run_dir on another disk.")
+
+    def acquire_lock(self) -> None:
+        """Claim the folder for this process; ConfigError when another live process holds
+        it (a lock left by a dead process is taken over). Released at exit."""
+        from phasewatch.tasks.base import ConfigError
+
+        if self.lock.exists():
+            try:
+                pid = int(self.lock.read_text().strip() or 0)
+            except (ValueError, OSError):
+                pid = 0
+            if pid and pid != os.getpid() and _alive(pid):
+                raise ConfigError("run_dir", f"another phasewatch process (pid {pid}) is writing {self.root}",
+                                  "Wait for it to end or stop it, then resume with --ckpt_path last.")
+        self.lock.write_text(f"{os.getpid()}\n")
+        atexit.register(self.release_lock)
+
+    def release_lock(self) -> None:
+        try:
+            if self.lock.exists() and self.lock.read_text().strip() == str(os.getpid()):
+                self.lock.unlink()
+        except OSError:
+            pass
 
     def has_run(self) -> bool:
         """Whether something already lives here (a config or metrics of an earlier run)."""
@@ -74,6 +116,16 @@ class RunStore:
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_bytes(head + "".join(kept).encode())
             os.replace(tmp, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _before(line: str, step: int) -> bool:

@@ -101,3 +101,68 @@ def test_phases_command_json_on_a_run_and_bad_keys(tmp_path, capsys):
     assert event["metric"] == "val/loss" and event["direction"] == "down" and 250 <= event["midpoint"] <= 310
     assert main(["phases", str(run), "--keys", "nope"]) == 2
     assert "no series ['nope']" in capsys.readouterr().err
+
+
+TINY_MOD = ["--data.task.p", "13", "--model.arch.d_model", "16", "--model.arch.n_heads", "2", "--model.arch.d_head",
+            "8", "--model.arch.d_mlp", "32", "--trainer.enable_progress_bar", "false", "--no_wandb"]
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_what_was_written(tmp_path, capsys):
+    import torch
+
+    from phasewatch.trainers.run_store import read_jsonl
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.warmup_steps", "0",
+              "--trainer.max_steps", "50", "--trainer.val_check_interval", "5"])
+    assert exit_.value.code == 1
+    assert "the training loss is nan at step 1; training stops" in capsys.readouterr().out
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] < 5 and all(torch.isfinite(v).all() for v in ckpt["state_dict"].values()
+                                           if v.is_floating_point())
+    assert list(read_jsonl(run / "metrics.jsonl"))  # readable, nothing half-written
+
+
+def test_nonfinite_loss_can_be_skipped(tmp_path):
+    from phasewatch.trainers.run_store import read_jsonl
+
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.warmup_steps", "0",
+                 "--model.on_nonfinite", "skip", "--trainer.max_steps", "20", "--trainer.val_check_interval", "10",
+                 "--trainer.log_every_n_steps", "1"]) == 0
+    skipped = [r["train/skipped_steps"] for r in read_jsonl(run / "metrics.jsonl") if "train/skipped_steps" in r]
+    assert skipped and skipped[-1] >= 10
+
+
+def test_a_run_folder_held_by_a_live_process_is_refused(tmp_path, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / ".lock").write_text(f"{holder.pid}\n")
+        assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--trainer.max_steps", "2"]) == 2
+        assert f"another phasewatch process (pid {holder.pid})" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    # a lock left by a dead process is taken over
+    assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--trainer.max_steps", "2"]) == 0
+    assert not (run / ".lock").exists()
+
+
+def test_unwritable_run_folder_fails_at_start(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["fit", "--run_dir", str(blocker / "run"), *TINY_MOD]) == 2
+    assert "run_dir: cannot write to" in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_is_named_with_the_previous_one(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--trainer.max_steps", "8"]) == 0
+    last = run / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])  # truncated
+    assert main(["fit", "--run_dir", str(run), "--ckpt_path", "last", "--no_wandb"]) == 2
+    err = capsys.readouterr().err
+    assert f"{last} is truncated or corrupt" in err and "step=0000008.ckpt" in err
