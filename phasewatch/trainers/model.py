@@ -91,6 +91,8 @@ class ModelConfig:
         require(values["n_ctx"] >= task.n_ctx, "model.arch.n_ctx",
                 f"context {values['n_ctx']} is shorter than the task's inputs ({task.n_ctx} tokens)",
                 f"Set n_ctx >= {task.n_ctx} or leave it unset.")
+        if values["seed"] is not None:
+            require_int(values["seed"], "model.arch.seed", 0, "Use a seed >= 0, or leave it unset.")
         for flag in ("attn_only", "attn_bias"):
             require(isinstance(values[flag], bool), f"model.arch.{flag}", f"must be true or false, got {values[flag]!r}",
                     f"Set {flag}: true or false.")

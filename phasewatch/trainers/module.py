@@ -119,6 +119,9 @@ class TrainModule(pl.LightningModule):
                 f"must be a positive number, got {lr!r}", "Use e.g. 1e-3.")
         require(isinstance(weight_decay, (int, float)) and weight_decay >= 0, "model.weight_decay",
                 f"must be >= 0, got {weight_decay!r}", "Use e.g. 1.0 (grokking) or 0.")
+        require(lr * weight_decay < 1, "model.weight_decay",
+                f"lr x weight_decay = {lr * weight_decay:.3g}, but AdamW multiplies the weights by 1 - lr x "
+                "weight_decay every step, so it must stay below 1", "Lower the weight decay or the learning rate.")
         require(len(betas) == 2 and all(0 <= b < 1 for b in betas), "model.betas",
                 f"must be two numbers in [0, 1), got {betas!r}", "Use e.g. [0.9, 0.98].")
         require_int(warmup_steps, "model.warmup_steps", 0)

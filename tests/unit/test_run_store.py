@@ -27,3 +27,16 @@ def test_read_jsonl_skips_a_half_written_last_line(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "x"')
     assert list(read_jsonl(path)) == [{"step": 1}]
+
+
+def test_a_full_disk_is_refused_before_training(tmp_path):
+    import shutil
+
+    import pytest
+
+    from phasewatch.tasks import ConfigError
+
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(ConfigError, match="MiB free on the disk"):
+        RunStore(tmp_path / "run").create(min_free_bytes=free * 2)  # asks for more than the disk has
+    RunStore(tmp_path / "ok").create()  # the default margin (64 MiB) is there
