@@ -114,7 +114,7 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_what_was_written(tmp_path,
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
-        main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.warmup_steps", "0",
+        main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.weight_decay", "0", "--model.warmup_steps", "0",
               "--trainer.max_steps", "50", "--trainer.val_check_interval", "5"])
     assert exit_.value.code == 1
     assert "the training loss is nan at step 1; training stops" in capsys.readouterr().out
@@ -128,7 +128,7 @@ def test_nonfinite_loss_can_be_skipped(tmp_path):
     from phasewatch.trainers.run_store import read_jsonl
 
     run = tmp_path / "run"
-    assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.warmup_steps", "0",
+    assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.weight_decay", "0", "--model.warmup_steps", "0",
                  "--model.on_nonfinite", "skip", "--trainer.max_steps", "20", "--trainer.val_check_interval", "10",
                  "--trainer.log_every_n_steps", "1"]) == 0
     skipped = [r["train/skipped_steps"] for r in read_jsonl(run / "metrics.jsonl") if "train/skipped_steps" in r]
