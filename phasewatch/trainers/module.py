@@ -169,6 +169,12 @@ class TrainModule(pl.LightningModule):
         self.nonfinite_step = self.global_step
         return None
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["phasewatch_skipped_steps"] = self.skipped_steps
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.skipped_steps = int(checkpoint.get("phasewatch_skipped_steps", 0))
+
     def _log_step(self) -> None:
         # The step every logged value is filed under: the number of optimizer steps applied
         # to the weights that produced it (as in checkpoint names). Lightning uses a logged
