@@ -5,7 +5,7 @@ Importing this package registers every probe: `grokking` (probes/fourier.py),
 `digit_tokens` (probes/digits.py).
 """
 
-from phasewatch.probes import composition, digits, fourier, heads  # noqa: F401  (registration)
+from phasewatch.probes import composition, digits, fourier, heads, llc  # noqa: F401  (registration)
 from phasewatch.probes.registry import Probe, default_probes, get_probe, probe_names, register_probe
 
 __all__ = ["Probe", "default_probes", "get_probe", "probe_names", "register_probe"]
