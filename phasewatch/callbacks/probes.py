@@ -35,45 +35,59 @@ class ProbeRunner(pl.Callback):
         0) instead of on the schedule.
     options: keyword arguments per probe, e.g. {"heads": {"thresholds": {"induction": 0.5}},
         "composition": {"factor": 3}}.
+    schedules: a schedule of its own for some probes, e.g. {"llc": {"kind": "log", "count": 20}}
+        for a costly one.
     """
 
     def __init__(self, names: list[str] | None = None, schedule: Schedule = Schedule(kind="log", count=60),
-                 every_validation: bool = True, options: dict[str, dict] | None = None):
+                 every_validation: bool = True, options: dict[str, dict] | None = None,
+                 schedules: dict[str, Schedule] | None = None):
         self.names, self.schedule, self.every_validation = names, schedule.validate(), every_validation
         self.options = options or {}
+        self.schedules = {k: v.validate() for k, v in (schedules or {}).items()}
         # when each tracked set changed: key -> [(step, labels)]
         self.history: dict[str, list[tuple[int, list[str]]]] = {}
         self._steps: set[int] = set()
         self._probes: list = []
+        self._own_steps: dict[str, set[int]] = {}
         self._validated_at: int | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         task = pl_module.task
         names = default_probes(task) if self.names is None else self.names
         self._probes = [get_probe(n, task) for n in names]
+        for name in self.schedules:
+            get_probe(name, task)
         self._steps = set(self.schedule.resolve(trainer.max_steps))
+        self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in self.schedules.items()}
 
     # --- when ---------------------------------------------------------------------
 
     def _scheduled(self, trainer: pl.Trainer) -> list:
-        """The probes due at a scheduled step. Cheap probes that run at every validation
-        join only at step 0, the initial-weights baseline (no validation runs there)."""
+        """The probes due at this step: those on their own schedule when it has the step,
+        the others when the shared schedule has it. Cheap probes that run at every
+        validation join only at step 0, the initial-weights baseline."""
         step = trainer.global_step
-        return [p for p in self._probes
-                if not (p.cheap and self.every_validation) or (step == 0 and self._validated_at != 0)]
+        due = []
+        for p in self._probes:
+            if p.name in self._own_steps:
+                if step in self._own_steps[p.name]:
+                    due.append(p)
+            elif step in self._steps and (not (p.cheap and self.every_validation)
+                                          or (step == 0 and self._validated_at != 0)):
+                due.append(p)
+        return due
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step in self._steps:
-            self._run(trainer, pl_module, self._scheduled(trainer))
+        self._run(trainer, pl_module, self._scheduled(trainer))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_step in self._steps:  # the last step has no next batch
-            self._run(trainer, pl_module, self._scheduled(trainer))
+        self._run(trainer, pl_module, self._scheduled(trainer))  # the last step has no next batch
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_validation and trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._validated_at = trainer.global_step
-            self._run(trainer, pl_module, [p for p in self._probes if p.cheap])
+            self._run(trainer, pl_module, [p for p in self._probes if p.cheap and p.name not in self._own_steps])
 
     # --- what ---------------------------------------------------------------------
 

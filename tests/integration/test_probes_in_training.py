@@ -54,3 +54,14 @@ def test_live_transition_detector_writes_events(tmp_path, capsys):
     assert f"transition in train/acc (up) from step {acc[0]['onset']}" in out
     keys = [(e["metric"], e["direction"], e["onset"]) for e in events]
     assert len(keys) == len(set(keys))  # each reported once
+
+
+def test_a_costly_probe_can_have_its_own_sparse_schedule(tmp_path):
+    run = tmp_path / "run"
+    assert fit(run, *TASKS["modular_addition"], "--probes.names", "[grokking, llc]",
+               "--probes.schedules", '{"llc": {"kind": "list", "steps": [0, 12]}}',
+               "--probes.options", '{"llc": {"chains": 1, "draws": 5, "burn_in": 2, "step_size": 1e-7}}') == 0
+    records = list(read_jsonl(run / "metrics.jsonl"))
+    assert [r["step"] for r in records if "llc/converged" in r] == [0, 12]
+    assert len([r for r in records if "grok/weight_norm" in r]) > 2  # the others keep their schedule
+    assert sorted((run / "arrays" / "llc" / "trace").iterdir())
