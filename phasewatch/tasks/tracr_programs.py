@@ -206,3 +206,25 @@ def _enumerate_outputs(program: Program) -> set:
         for xs in itertools.product(program.vocab, repeat=k):
             values.update(float(v) for v in program.evaluate(xs))
     return values
+
+
+def compile_program(program: Program):
+    """tracr's compiled transformer for `program` (imports JAX; 15-30 s of XLA time for a
+    new shape). Non-causal programs compile non-causally: tracr accepts causal=True for
+    them without complaint and gives wrong outputs (REFERENCE.md)."""
+    from tracr.compiler import compiling
+
+    return compiling.compile_rasp_to_model(
+        program.sop, vocab=set(program.vocab), max_seq_len=program.max_seq_len,
+        causal=spec(program.name).causal, compiler_bos=COMPILER_BOS, compiler_pad=COMPILER_PAD)
+
+
+def compiled_outputs(compiled, inputs: list[tuple]) -> list[list[Value]]:
+    """tracr's own decoded outputs (BOS position dropped) for each input."""
+    return [list(compiled.apply([COMPILER_BOS, *xs]).decoded[1:]) for xs in inputs]
+
+
+def tracr_version() -> str:
+    from importlib.metadata import version
+
+    return version("tracr-pypi")

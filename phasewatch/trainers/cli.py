@@ -23,6 +23,7 @@ commands:
   analyze   progress measures of a checkpoint from the grokking paper's code: phasewatch analyze FILE.pth
   phases    phase transitions in every series of a run, metrics.jsonl or CSV: phasewatch phases FILE
   report    one self-contained HTML report of a run: phasewatch report RUN_DIR [--out FILE.html]
+  compile   compile a tracr program, check it, print its layout: phasewatch compile reverse
   tasks     list the tasks and the tracr programs they can run
 
 phasewatch fit --help lists every configuration flag.
@@ -285,6 +286,34 @@ def report_command(argv: list[str]) -> int:
     return 0
 
 
+def compile_command(argv: list[str]) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(
+        prog="phasewatch compile",
+        description="Compile a tracr library program (cached), check the TransformerLens conversion against tracr's "
+                    "own outputs, and print the compiled model's layout.")
+    parser.add_argument("program")
+    parser.add_argument("--vocab", default=None, help="JSON list of token values, e.g. '[1, 2, 3]'")
+    parser.add_argument("--max-seq-len", type=int, default=None)
+    parser.add_argument("--cache-dir", default="~/.cache/phasewatch/tracr")
+    args = parser.parse_args(argv)
+    from phasewatch.tasks.tracr_programs import load_program
+    from phasewatch.trainers.model import compiled_reference
+
+    program = load_program(args.program, json.loads(args.vocab) if args.vocab else None, args.max_seq_len)
+    _, layout = compiled_reference(program, cache_dir=args.cache_dir)
+    print(f"{program.name}: vocab {list(program.vocab)}, max_seq_len {program.max_seq_len}; "
+          f"{layout['n_layers']} layers, {layout['n_heads']} head(s), d_model {layout['d_model']}, d_mlp {layout['d_mlp']}")
+    for i, layer in enumerate(layout["layers"]):
+        for part in ("attn", "mlp"):
+            info = layer[part]
+            what = "empty" if info["empty"] else "writes " + ", ".join(info["writes"])
+            print(f"  layer {i} {part:4s}: {what}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -305,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
             return phases_command(argv[1:])
         elif argv[0] == "report":
             return report_command(argv[1:])
+        elif argv[0] == "compile":
+            return compile_command(argv[1:])
         else:
             print(f"phasewatch: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
             return 2
