@@ -151,9 +151,6 @@ class Task(abc.ABC):
         """Architecture defaults for this task (keys of the trainer's ModelConfig)."""
         return {}
 
-    def describe(self) -> dict[str, Any]:
-        """The task's parameters, for logs and the run folder."""
-        return {"name": self.name, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
 
 
 _REGISTRY: dict[str, type[Task]] = {}

@@ -68,10 +68,6 @@ class RaspTask(Task):
         self._memo: dict[tuple, list[int]] = {}
         self._val = [self._val_batch(n) for n in range(min_seq_len, max_len + 1)]
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "program": self.program_name, "vocab": self.vocab, "min_seq_len": self.min_seq_len,
-                "max_seq_len": self.max_seq_len, "batch_size": self.batch_size, "seed": self.seed}
-
     @property
     def bos(self) -> int:
         return self.encoding[tracr_programs.COMPILER_BOS]

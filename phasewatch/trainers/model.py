@@ -206,7 +206,6 @@ def compiled_reference(program, cache_dir: str = "~/.cache/phasewatch/tracr", ve
     Only categorical programs convert (TransformerLens's converter unembeds categories).
     """
     import hashlib
-    import importlib.metadata
     import itertools
     from pathlib import Path
 
@@ -219,8 +218,7 @@ def compiled_reference(program, cache_dir: str = "~/.cache/phasewatch/tracr", ve
     if not program.categorical:
         raise ConfigError("data.task.program", f"{program.name!r} has numerical outputs, which the TransformerLens "
                           "converter cannot unembed", "Compare with a categorical program (reverse, sort, hist, ...).")
-    key = json_key = f"{program.name}|{list(program.vocab)}|{program.max_seq_len}|" \
-                     f"{importlib.metadata.version('tracr-pypi')}"
+    key = f"{program.name}|{list(program.vocab)}|{program.max_seq_len}|{tracr_programs.tracr_version()}"
     path = Path(cache_dir).expanduser() / f"{program.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
     if path.exists():
         saved = torch.load(path, map_location="cpu", weights_only=True)
@@ -252,7 +250,7 @@ def compiled_reference(program, cache_dir: str = "~/.cache/phasewatch/tracr", ve
     fields = {k: getattr(cfg, k) for k in ("n_layers", "d_model", "d_head", "n_ctx", "d_vocab", "d_vocab_out", "d_mlp",
                                           "n_heads", "act_fn", "attention_dir", "normalization_type")}
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"config": fields, "state_dict": state, "layout": layout, "key": json_key}, tmp)
+    torch.save({"config": fields, "state_dict": state, "layout": layout, "key": key}, tmp)
     tmp.replace(path)
     return bridge, layout
 

@@ -13,7 +13,6 @@ import os
 import secrets
 import string
 import warnings
-from pathlib import Path
 from typing import Any
 
 from lightning.fabric.loggers.logger import _DummyExperiment
@@ -113,7 +112,3 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
         config=config, log_model=False,
     )
     return logger
-
-
-def wandb_dir(store: RunStore) -> Path:
-    return store.root / "wandb"
