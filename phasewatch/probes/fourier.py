@@ -22,6 +22,7 @@ Definitions (REFERENCE.md):
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable
 
@@ -45,8 +46,10 @@ def check_modulus(p: int) -> None:
                           "Use an odd prime such as 59, 97 or 113, or turn the grokking probes off.")
 
 
+@functools.cache
 def fourier_basis(p: int, dtype: torch.dtype = torch.float64) -> Float[Tensor, "p p"]:
-    """The orthonormal Fourier basis over Z_p (rows are basis vectors)."""
+    """The orthonormal Fourier basis over Z_p (rows are basis vectors; built once per p,
+    do not modify it)."""
     check_modulus(p)
     x = torch.arange(p, dtype=dtype)
     rows = [torch.ones(p, dtype=dtype)]
@@ -56,12 +59,20 @@ def fourier_basis(p: int, dtype: torch.dtype = torch.float64) -> Float[Tensor, "
     return basis / basis.norm(dim=1, keepdim=True)
 
 
+def component_norms(matrix: Float[Tensor, "p d"]) -> Float[Tensor, "p"]:
+    """Norm of `matrix` (indexed by residue along dim 0) along each Fourier basis vector."""
+    return (fourier_basis(matrix.shape[0]) @ matrix.detach().double()).norm(dim=1)
+
+
 def frequency_norms(matrix: Float[Tensor, "p d"]) -> Float[Tensor, "n_freq"]:
     """Squared norm of `matrix` (indexed by residue along dim 0) in each frequency
     k = 1..(p-1)/2 (cos and sin rows together); the constant component is left out."""
-    p = matrix.shape[0]
-    comps = (fourier_basis(p) @ matrix.double()).pow(2).sum(-1)
-    return comps[1::2] + comps[2::2]
+    return _pair_frequencies(component_norms(matrix))
+
+
+def _pair_frequencies(norms: Float[Tensor, "p"]) -> Float[Tensor, "n_freq"]:
+    sq = norms.pow(2)
+    return sq[1::2] + sq[2::2]
 
 
 def key_frequencies(spectrum: Float[Tensor, "n_freq"], factor: float = KEY_FACTOR) -> list[int]:
@@ -139,7 +150,8 @@ def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None 
                           "Use op '+' or turn the grokking probes off.")
     check_modulus(task.p)
     p = task.p
-    spectrum = frequency_norms(neuron_logit_map(model, p))
+    logit_map_norms = component_norms(neuron_logit_map(model, p))
+    spectrum = _pair_frequencies(logit_map_norms)
     freqs = key_frequencies(spectrum) if key_freqs is None else list(key_freqs)
     share = spectrum / spectrum.sum()
     logits = all_logits(model, task)
@@ -151,9 +163,8 @@ def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None 
         "grok/restricted_loss": _ce(key + mean, task, test_pairs),
         "grok/excluded_loss": _ce(logits - key, task, train_pairs),
         "grok/key_logit_fraction": float(key.pow(2).sum() / centred.pow(2).sum()),
-        "grok/gini_embed": hurley_rickard_gini((fourier_basis(p) @ model.W_E[:p].detach().double()).norm(dim=1)),
-        "grok/gini_neuron_logit": hurley_rickard_gini(
-            (fourier_basis(p) @ neuron_logit_map(model, p).double()).norm(dim=1)),
+        "grok/gini_embed": hurley_rickard_gini(component_norms(model.W_E[:p])),
+        "grok/gini_neuron_logit": hurley_rickard_gini(logit_map_norms),
         "grok/weight_norm": float(sum(w.detach().double().pow(2).sum() for w in model.parameters())),
         "grok/n_key_freqs": float(len(freqs)),
     }
