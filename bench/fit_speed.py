@@ -77,20 +77,13 @@ def fit_seconds(config: str, steps: int) -> float:
 def loop_seconds(config: str, steps: int) -> float:
     """The same model, data, optimizer and validation, in a plain PyTorch loop."""
     import torch.nn.functional as F
-    import yaml
 
-    from phasewatch.tasks import task_class, task_names
-    from phasewatch.trainers.model import ModelConfig
-    from phasewatch.trainers.module import TrainModule
+    from baseline_setup import build_from_config
 
     t0 = time.perf_counter()
-    cfg = yaml.safe_load(open(config))
-    task_cls = {c.__name__: c for c in map(task_class, task_names())}[cfg["data"]["task"]["class_path"].rsplit(".", 1)[-1]]
-    task = task_cls(**cfg["data"]["task"].get("init_args", {}))
-    model_args = dict(cfg.get("model", {}))
-    arch = ModelConfig(**model_args.pop("arch", {}))
     torch.manual_seed(0)
-    module = TrainModule(task=task, arch=arch, **model_args)
+    cfg, module = build_from_config(config)
+    task = module.task
     batch_size = cfg["data"].get("batch_size")
     model = module.model.original_model
     hp = module.hparams

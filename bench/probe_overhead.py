@@ -16,13 +16,11 @@ import sys
 import time
 
 import torch
-import yaml
+from baseline_setup import build_from_config
 
 from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.probes import default_probes, get_probe
-from phasewatch.tasks import task_class, task_names
-from phasewatch.trainers.model import ModelConfig
-from phasewatch.trainers.module import TrainModule, masked_loss
+from phasewatch.trainers.module import masked_loss
 
 
 def timed(fn, repeats: int) -> float:
@@ -40,11 +38,8 @@ def main() -> int:
     ap.add_argument("--config", default="configs/quickstart.yaml")
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
-    cfg = yaml.safe_load(open(a.config))
-    classes = {c.__name__: c for c in map(task_class, task_names())}
-    task = classes[cfg["data"]["task"]["class_path"].rsplit(".", 1)[-1]](**cfg["data"]["task"].get("init_args", {}))
-    model_args = dict(cfg.get("model", {}))
-    module = TrainModule(task=task, arch=ModelConfig(**model_args.pop("arch", {})), **model_args)
+    cfg, module = build_from_config(a.config)
+    task = module.task
     native = module.model.original_model
     opt = torch.optim.AdamW(native.parameters(), lr=1e-3)
     batch = task.train_batch(0, cfg["data"].get("batch_size"))
