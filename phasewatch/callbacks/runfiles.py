@@ -25,3 +25,18 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 continue
+
+
+def read_series(path: str | os.PathLike) -> dict[str, tuple[list[float], list[float]]]:
+    """Every numeric key of a metrics.jsonl as (steps, values), in file order."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for record in read_jsonl(path):
+        step = record.get("step")
+        if step is None:
+            continue
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                steps, values = out.setdefault(key, ([], []))
+                steps.append(step)
+                values.append(float(value))
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from phasewatch.callbacks.runfiles import METRICS, read_jsonl
+from phasewatch.callbacks.runfiles import METRICS, read_series
 from phasewatch.probes.transitions import detect_transitions
 
 SAME = 1.5
@@ -50,15 +50,8 @@ class TransitionWatcher(pl.Callback):
         self.look(trainer, trainer.global_step, final=True)
 
     def look(self, trainer: pl.Trainer, step: int, final: bool = False) -> list[dict]:
-        series: dict[str, tuple[list, list]] = {}
-        for record in read_jsonl(Path(trainer.default_root_dir) / METRICS):
-            for key, value in record.items():
-                if key == "step" or not isinstance(value, (int, float)) or record.get("step") is None:
-                    continue
-                if (self.metrics is None and not DETAIL.search(key)) or (self.metrics and key in self.metrics):
-                    series.setdefault(key, ([], []))
-                    series[key][0].append(record["step"])
-                    series[key][1].append(float(value))
+        series = {key: s for key, s in read_series(Path(trainer.default_root_dir) / METRICS).items()
+                  if (key in self.metrics if self.metrics is not None else not DETAIL.search(key))}
         new = []
         for key, (steps, values) in sorted(series.items()):
             for event in detect_transitions(steps, values, key):

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import csv
 import math
-from collections import defaultdict
 from pathlib import Path
 
-from phasewatch.callbacks.runfiles import read_jsonl
+from phasewatch.callbacks.runfiles import read_series
 
 Series = dict[str, tuple[list[float], list[float]]]
 
@@ -24,16 +23,7 @@ def load_series(path: str | Path) -> Series:
         path = path / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: give a run folder, a metrics.jsonl or a CSV file")
-    if path.suffix == ".csv":
-        return _from_csv(path)
-    out: Series = defaultdict(lambda: ([], []))
-    for record in read_jsonl(path):
-        step = record.get("step")
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and step is not None:
-                out[key][0].append(step)
-                out[key][1].append(float(value))
-    return dict(out)
+    return _from_csv(path) if path.suffix == ".csv" else read_series(path)
 
 
 def _from_csv(path: Path) -> Series:
