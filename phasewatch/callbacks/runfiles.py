@@ -40,3 +40,14 @@ def read_series(path: str | os.PathLike) -> dict[str, tuple[list[float], list[fl
                 steps.append(step)
                 values.append(float(value))
     return out
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (the owner of a run or sweep folder's lock)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

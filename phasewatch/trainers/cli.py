@@ -24,6 +24,8 @@ commands:
   phases    phase transitions in every series of a run, metrics.jsonl or CSV: phasewatch phases FILE
   report    one self-contained HTML report of a run: phasewatch report RUN_DIR [--out FILE.html]
   compile   compile a tracr program, check it, print its layout: phasewatch compile reverse
+  sweep     run a W&B sweep file locally: phasewatch sweep sweeps/grokking.yaml [--parallel 2]
+  compare   hyperparameters and transition steps of runs or a sweep: phasewatch compare runs/sweep-grokking
   tasks     list the tasks and the tracr programs they can run
 
 phasewatch fit --help lists every configuration flag.
@@ -131,6 +133,11 @@ def _lightning_cli(argv: list[str]) -> None:
 
 
 def default_run_dir(task_name: str) -> Path:
+    """runs/<task>-<date>-<time>, or runs/sweep-<sweep id>/<run id> under `wandb agent`."""
+    import os
+
+    if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
+        return Path("runs") / f"sweep-{os.environ['WANDB_SWEEP_ID']}" / os.environ["WANDB_RUN_ID"]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path("runs") / f"{task_name}-{stamp}"
     k = 1
@@ -336,6 +343,14 @@ def main(argv: list[str] | None = None) -> int:
             return report_command(argv[1:])
         elif argv[0] == "compile":
             return compile_command(argv[1:])
+        elif argv[0] == "sweep":
+            from phasewatch.trainers.sweep import sweep_command
+
+            return sweep_command(argv[1:])
+        elif argv[0] == "compare":
+            from phasewatch.report.compare import compare_command
+
+            return compare_command(argv[1:])
         else:
             print(f"phasewatch: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
             return 2

@@ -24,7 +24,7 @@ from typing import Any
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-from phasewatch.callbacks.runfiles import EVENTS, METRICS, read_jsonl  # noqa: F401  (re-exported)
+from phasewatch.callbacks.runfiles import EVENTS, METRICS, pid_alive, read_jsonl  # noqa: F401  (re-exported)
 
 
 class RunStore:
@@ -71,7 +71,7 @@ class RunStore:
                 pid = int(self.lock.read_text().strip() or 0)
             except (ValueError, OSError):
                 pid = 0
-            if pid and pid != os.getpid() and _alive(pid):
+            if pid and pid != os.getpid() and pid_alive(pid):
                 raise ConfigError("run_dir", f"another phasewatch process (pid {pid}) is writing {self.root}",
                                   "Wait for it to end or stop it, then resume with --ckpt_path last.")
         self.lock.write_text(f"{os.getpid()}\n")
@@ -116,16 +116,6 @@ class RunStore:
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_bytes(head + "".join(kept).encode())
             os.replace(tmp, path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _before(line: str, step: int) -> bool:

@@ -93,15 +93,17 @@ class SafeWandbLogger(WandbLogger):
 
 def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str, Any]) -> SafeWandbLogger | None:
     """A logger writing under `<run_dir>/wandb`, resuming the W&B run id kept in the run
-    folder; None when W&B is disabled."""
+    folder (a new run takes `WANDB_RUN_ID` when `wandb agent` set it, so that the run
+    joins the agent's sweep); None when W&B is disabled."""
     mode = wandb_mode()
     if mode == "disabled":
         return None
     id_file = store.root / WANDB_ID_FILE
     if id_file.exists():
         run_id = id_file.read_text().strip()
-    else:
-        run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    else:  # `wandb agent` chooses the id of each sweep run (WANDB_RUN_ID)
+        run_id = os.environ.get("WANDB_RUN_ID") or "".join(
+            secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
         id_file.write_text(run_id + "\n")
     if mode == "offline":
         why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no login found"

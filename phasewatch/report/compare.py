@@ -1,0 +1,228 @@
+"""Cross-run table: each run's hyperparameters and the steps of its phase transitions.
+
+    phasewatch compare runs/sweep-grokking            # a sweep folder
+    phasewatch compare runs/a runs/b runs/c [--keys val/acc icl/loss_gap] [--out DIR/compare]
+
+Use it after a sweep to read off, e.g., the grokking step per weight decay and training
+fraction. Hyperparameters are a sweep's parameters (from its `sweep.json`), or else
+every config value that differs between the runs given. Transitions are detected
+offline on each run's full `metrics.jsonl` (probes/transitions.py, the detector
+`phasewatch phases` uses); a cell holds the midpoint step of the largest transition of
+that series in that direction, empty when there is none. Writes `<out>.csv` and
+`<out>.png` (one panel per transition: step against the first swept parameter, one
+colour per value of the second). Fails with a clear error when a folder holds no run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phasewatch.callbacks.runfiles import METRICS, read_series
+
+HEADLINE_KEYS = ("val/acc", "val/loss", "train/acc", "train/loss", "grok/restricted_loss", "grok/excluded_loss",
+                 "grok/weight_norm", "icl/loss_gap", "heads/induction/max", "heads/prev_token/max", "comp/k/max",
+                 "tracr/agreement")
+IGNORED_CONFIG = ("run_dir", "checkpoints.dirpath", "ckpt_path")
+
+
+def find_runs(paths: list[str | os.PathLike]) -> list[tuple[Path, dict[str, Any]]]:
+    """(run folder, sweep record or {}) for each run folder given or inside a sweep folder."""
+    runs: list[tuple[Path, dict[str, Any]]] = []
+    for path in map(Path, paths):
+        state = path / "sweep.json"
+        if state.exists():
+            for record in json.loads(state.read_text())["runs"]:
+                if (path / record["name"] / METRICS).exists():
+                    runs.append((path / record["name"], record))
+        elif (path / METRICS).exists():
+            runs.append((path, {}))
+        elif path.is_dir() and any((p / METRICS).exists() for p in path.iterdir() if p.is_dir()):
+            runs += [(p, {}) for p in sorted(path.iterdir()) if (p / METRICS).exists()]
+        else:
+            raise FileNotFoundError(f"{path} holds no run (no {METRICS}) and no sweep (no sweep.json)")
+    if not runs:
+        raise FileNotFoundError(f"no finished or started runs in {', '.join(map(str, paths))}")
+    return runs
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            child = prefix if key == "init_args" else f"{prefix}.{key}" if prefix else key
+            out.update(_flatten(value, child))
+        return out
+    return {prefix: tree}
+
+
+def hyperparameters(runs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per run: its sweep parameters, or the config values that differ between the runs."""
+    if all(record for _, record in runs):
+        return [dict(record["params"]) for _, record in runs]
+    configs = []
+    for run_dir, _ in runs:
+        config_file = run_dir / "config.yaml"
+        configs.append(_flatten(yaml.safe_load(config_file.read_text())) if config_file.exists() else {})
+    keys = sorted({k for c in configs for k in c})
+    varying = [k for k in keys if k not in IGNORED_CONFIG
+               and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
+    return [{k: c.get(k) for k in varying} for c in configs]
+
+
+def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """The table as (columns, rows): run, state, hyperparameters, final values of the
+    keys, and `<key> <up|down>` transition midpoints."""
+    from phasewatch.probes.transitions import detect_all
+
+    runs = find_runs(paths)
+    params = hyperparameters(runs)
+    series = [read_series(run_dir / METRICS) for run_dir, _ in runs]
+    present = {k for s in series for k in s}
+    if keys:
+        missing = [k for k in keys if k not in present]
+        if missing:
+            raise KeyError(f"no series {missing} in these runs; they have: {', '.join(sorted(present))}")
+        chosen = list(keys)
+    else:
+        chosen = [k for k in HEADLINE_KEYS if k in present]
+    rows, transition_columns = [], []
+    for (run_dir, record), p, s in zip(runs, params, series):
+        row: dict[str, Any] = {"run": run_dir.name, "state": record.get("state", "")}
+        row.update(p)
+        for key in chosen:
+            if key in s:
+                row[f"final {key}"] = s[key][1][-1]
+        for event in detect_all({k: s[k] for k in chosen if k in s}):
+            column = f"{event['metric']} {event['direction']}"
+            best = row.get(f"_{column}")
+            if best is None or abs(event["magnitude"]) > best:
+                row[f"_{column}"] = abs(event["magnitude"])
+                row[column] = event["midpoint"]
+                if column not in transition_columns:
+                    transition_columns.append(column)
+        rows.append({k: v for k, v in row.items() if not k.startswith("_")})
+    param_columns = list(dict.fromkeys(k for p in params for k in p))
+    order = {k: i for i, k in enumerate(chosen)}
+    transition_columns.sort(key=lambda c: (order[c.rsplit(" ", 1)[0]], c))
+    columns = ["run", "state", *param_columns, *[f"final {k}" for k in chosen], *transition_columns]
+    return columns, rows
+
+
+def write_csv(columns: list[str], rows: list[dict[str, Any]], path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(row.get(k)) for k in columns})
+    return path
+
+
+def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.PathLike, max_panels: int = 6) -> Path:
+    """One panel per transition column: its step against the first varying parameter,
+    one colour (and a line through the means) per value of the second."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    transitions = [c for c in columns if c.endswith((" up", " down"))][:max_panels]
+    params = [c for c in columns[2:] if not c.startswith("final ") and c not in transitions
+              and not c.endswith((" up", " down")) and len({_cell(r.get(c)) for r in rows}) > 1]
+    x_key = params[0] if params else "run"
+    colour_key = params[1] if len(params) > 1 else None
+    x_values = _ordered({r.get(x_key) for r in rows})
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x_values)
+    n = max(1, len(transitions))
+    cols = min(3, n)
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4.6 * cols, 3.6 * ((n + cols - 1) // cols)),
+                             squeeze=False)
+    groups = _ordered({r.get(colour_key) for r in rows}) if colour_key else [None]
+    for ax, column in zip(axes.flat, transitions):
+        for g, group in enumerate(groups):
+            members = [r for r in rows if colour_key is None or r.get(colour_key) == group]
+            xs = [_position(r.get(x_key), x_values, numeric) for r in members if r.get(column) is not None]
+            ys = [r[column] for r in members if r.get(column) is not None]
+            label = f"{colour_key}={group}" if colour_key else None
+            ax.scatter(xs, ys, s=22, color=f"C{g}", alpha=0.75, label=label)
+            means = [(x, sum(y for xx, y in zip(xs, ys) if xx == x) / xs.count(x)) for x in sorted(set(xs))]
+            if len(means) > 1:
+                ax.plot(*zip(*means), color=f"C{g}", lw=1.2)
+        missing = sum(r.get(column) is None for r in rows)
+        ax.set_title(column + (f"  ({missing} runs without)" if missing else ""), fontsize=9)
+        ax.set_xlabel(x_key)
+        ax.set_ylabel("transition midpoint (step)")
+        if numeric and len(x_values) > 1 and min(x_values) > 0 and max(x_values) / min(x_values) >= 10:
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks(range(len(x_values)), [str(v) for v in x_values], rotation=30, fontsize=7)
+        ax.grid(alpha=0.3)
+        if colour_key and ax is axes.flat[0]:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(transitions):]:
+        ax.set_visible(False)
+    if not transitions:
+        axes.flat[0].set_visible(True)
+        axes.flat[0].text(0.5, 0.5, "no transitions detected", ha="center", va="center")
+    fig.suptitle(f"phase transitions across {len(rows)} runs", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def compare_command(argv: list[str]) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="phasewatch compare",
+        description="One table of runs' hyperparameters and detected transition steps, as CSV and as a plot.")
+    parser.add_argument("paths", nargs="+", help="run folders and/or sweep folders")
+    parser.add_argument("--keys", nargs="*", help=f"series to compare (default: those of {', '.join(HEADLINE_KEYS)})")
+    parser.add_argument("--out", default=None,
+                        help="output path without suffix (default: <sweep folder>/compare, or ./compare)")
+    args = parser.parse_args(argv)
+    try:
+        columns, rows = compare(args.paths, args.keys)
+    except (FileNotFoundError, KeyError) as err:
+        print(f"phasewatch: error: {err.args[0]}", file=sys.stderr)
+        return 2
+    single = len(args.paths) == 1 and (Path(args.paths[0]) / "sweep.json").exists()
+    out = Path(args.out) if args.out else (Path(args.paths[0]) / "compare" if single else Path("compare"))
+    widths = {c: max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(_cell(row.get(c)).ljust(widths[c]) for c in columns))
+    print(write_csv(columns, rows, out.with_suffix(".csv")))
+    print(plot_compare(columns, rows, out.with_suffix(".png")))
+    return 0
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6g}"
+    return str(value)
+
+
+def _ordered(values: set) -> list:
+    try:
+        return sorted(values)
+    except TypeError:
+        return sorted(values, key=str)
+
+
+def _position(value: Any, values: list, numeric: bool) -> float:
+    return float(value) if numeric else float(values.index(value))

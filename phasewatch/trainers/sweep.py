@@ -1,0 +1,319 @@
+"""`phasewatch sweep`: run a W&B sweep file on this machine, without a W&B server.
+
+    phasewatch sweep sweeps/grokking.yaml [--count N] [--parallel J] [--out DIR] [--dry-run]
+
+The file is the one `wandb sweep` takes (W&B's sweep schema; parameter names are
+`phasewatch fit` flags, its `command:` runs `phasewatch fit`). W&B's own open-source
+search engine (the `sweeps` package) proposes each configuration (grid, random, bayes),
+and W&B's own expansion turns `${args}` into `--name=value` flags, so a file behaves the
+same here as under `wandb agent`. Each run is an ordinary run folder `DIR/<name>-NNN`
+with an offline W&B run grouped under the sweep's name (upload later with `wandb sync`).
+
+Up to `--parallel` runs train at once, each in its own run folder and process, with
+the CPU threads split between them. `DIR/sweep.json` records every run's parameters and
+state as it changes; running the same command again resumes the sweep: finished and
+failed runs are kept, runs that were stopped midway continue from their `last.ckpt`, and
+the search goes on from there. `DIR/logs/<run>.log` holds each run's output.
+
+Fails with "phasewatch: error: ..." (exit 2) on a file W&B would refuse, a command that
+does not run `phasewatch fit`, a random or bayes search without `--count`, or a folder
+that belongs to another sweep or is in use by a live sweep process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phasewatch.callbacks.runfiles import METRICS, pid_alive, read_series
+from phasewatch.tasks.base import ConfigError
+
+STATE = "sweep.json"
+INSTALL_HINT = "pip install --no-deps sweeps==0.3.0 (its numpy<2 pin is too strict; it runs on numpy 2)"
+
+
+def load_sweep_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The sweep file's dict, checked against W&B's schema and phasewatch's command."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("sweep", f"{path} is not a file", "Give a sweep YAML, e.g. sweeps/grokking.yaml.")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError("sweep", f"{path} is not valid YAML ({err})", "Fix the file's syntax.") from err
+    if not isinstance(config, dict) or not isinstance(config.get("parameters"), dict) or not config["parameters"]:
+        raise ConfigError("sweep", f"{path} has no parameters section",
+                          "Write W&B's sweep schema: method, parameters (phasewatch fit flags), command.")
+    sweeps = _sweeps()
+    problems = sweeps.schema_violations_from_proposed_config(config)
+    if problems:
+        raise ConfigError("sweep", f"{path} is not a valid W&B sweep ({'; '.join(map(str, problems))})",
+                          "See https://docs.wandb.ai/guides/sweeps/sweep-config-keys.")
+    command_for(config, {k: _first_value(v) for k, v in config["parameters"].items()}, path)
+    return config
+
+
+def command_for(config: dict[str, Any], params: dict[str, Any], source: str | os.PathLike = "sweep") -> list[str]:
+    """The command `wandb agent` would run for these parameter values (W&B's expansion of
+    `${env}`, `${interpreter}`, `${program}`, `${args}`, ...), with `phasewatch` replaced
+    by this Python's `-m phasewatch` so that it runs this installation."""
+    from wandb.sdk.launch.sweeps import utils as sweep_utils
+
+    template = config.get("command") or ["${env}", "${interpreter}", "${program}", "${args}"]
+    variables = sweep_utils.create_sweep_command_args({"args": {k: {"value": v} for k, v in params.items()}})
+    variables.update(env=[], interpreter=[sys.executable], program=[str(config.get("program", ""))])
+    out: list[str] = []
+    for part in map(str, template):
+        if part.startswith("${") and part.endswith("}"):
+            out += [str(x) for x in variables.get(part[2:-1]) or []]
+        else:
+            out.append(part)
+    at = out.index("phasewatch") if "phasewatch" in out else -1
+    if at < 0 or out[at + 1:at + 2] != ["fit"]:
+        raise ConfigError("sweep", f"{source}: its command {template} does not run `phasewatch fit`",
+                          "Use command: [${env}, phasewatch, fit, --config, configs/<x>.yaml, ${args}].")
+    out[at:at + 1] = [sys.executable, "-m", "phasewatch"]
+    return out
+
+
+class LocalSweep:
+    """One sweep folder: its state file, the search, and the runs it starts."""
+
+    def __init__(self, file: str | os.PathLike, out: str | os.PathLike | None = None,
+                 count: int | None = None, parallel: int = 1):
+        self.file = Path(file)
+        self.config = load_sweep_file(self.file)
+        self.name = str(self.config.get("name") or self.file.stem)
+        self.root = Path(out) if out is not None else Path("runs") / f"sweep-{self.name}"
+        self.count, self.parallel = count, parallel
+        if parallel < 1:
+            raise ConfigError("parallel", f"--parallel {parallel} is below 1", "Use --parallel 1 or more.")
+        if count is not None and count < 1:
+            raise ConfigError("count", f"--count {count} is below 1", "Use --count 1 or more.")
+        method = self.config.get("method")
+        if method in ("random", "bayes") and count is None and self.config.get("run_cap") is None:
+            raise ConfigError("count", f"a {method} search has no end",
+                              "Pass --count N (or set run_cap in the sweep file).")
+        self.state = self._load_state()
+
+    # state file -------------------------------------------------------------------------
+    def _load_state(self) -> dict[str, Any]:
+        path = self.root / STATE
+        if not path.exists():
+            return {"name": self.name, "file": str(self.file), "config": self.config, "pid": None, "runs": []}
+        state = json.loads(path.read_text())
+        if state.get("config") != self.config:
+            raise ConfigError("out", f"{self.root} holds the sweep of another file ({state.get('file')}) "
+                                     "or of an earlier version of this one",
+                              "Pass --out with a new folder for this sweep.")
+        pid = state.get("pid")
+        if pid and pid != os.getpid() and pid_alive(pid):
+            raise ConfigError("out", f"another phasewatch sweep (pid {pid}) is running {self.root}",
+                              "Wait for it to end or stop it; then run the same command to resume.")
+        return state
+
+    def _save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / (STATE + ".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1, default=str) + "\n")
+        os.replace(tmp, self.root / STATE)
+
+    # search -----------------------------------------------------------------------------
+    def _sweep_runs(self) -> list:
+        sweeps = _sweeps()
+        states = {"finished": "finished", "failed": "failed"}
+        return [sweeps.SweepRun(name=r["name"], state=states.get(r["state"], "running"),
+                                config={k: {"value": v} for k, v in r["params"].items()},
+                                summary_metrics=r.get("summary") or {})
+                for r in self.state["runs"]]
+
+    def _propose(self) -> dict[str, Any] | None:
+        cap = self.config.get("run_cap")
+        if cap is not None and len(self.state["runs"]) >= cap:
+            return None
+        suggestion = _sweeps().next_run(self.config, self._sweep_runs())
+        if suggestion is None:
+            return None
+        params = {k: _plain(v["value"]) for k, v in suggestion.config.items()}
+        run = {"name": f"{self.name}-{len(self.state['runs']):03d}", "params": params, "state": "pending"}
+        self.state["runs"].append(run)
+        return run
+
+    def planned(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The configurations a run would start, without starting or recording them."""
+        saved = json.loads(json.dumps(self.state["runs"]))
+        try:
+            out = []
+            while limit is None or len(out) < limit:
+                run = self._propose()
+                if run is None:
+                    break
+                run["state"] = "running"
+                out.append(run)
+            return out
+        finally:
+            self.state["runs"] = saved
+
+    # runs -------------------------------------------------------------------------------
+    def run_dir(self, run: dict[str, Any]) -> Path:
+        return self.root / run["name"]
+
+    def command(self, run: dict[str, Any]) -> list[str]:
+        cmd = command_for(self.config, run["params"], self.file) + ["--run_dir", str(self.run_dir(run))]
+        if (self.run_dir(run) / "checkpoints" / "last.ckpt").exists():
+            cmd += ["--ckpt_path", "last"]
+        return cmd
+
+    def _start(self, run: dict[str, Any]) -> subprocess.Popen:
+        run_dir = self.run_dir(run)
+        if run_dir.exists() and not (run_dir / "checkpoints" / "last.ckpt").exists():
+            shutil.rmtree(run_dir)  # stopped before its first checkpoint: nothing to resume
+        logs = self.root / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.setdefault("WANDB_MODE", "offline")
+        env["WANDB_RUN_GROUP"] = self.name
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
+        with open(logs / f"{run['name']}.log", "a") as log:
+            proc = subprocess.Popen(self.command(run), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        run.update(state="running", started=time.time())
+        self._save()
+        return proc
+
+    def _finish(self, run: dict[str, Any], code: int) -> None:
+        run["returncode"] = code
+        run["seconds"] = round(time.time() - run.pop("started", time.time()), 1)
+        run["state"] = "finished" if code == 0 else ("stopped" if code < 0 else "failed")
+        metric = (self.config.get("metric") or {}).get("name")
+        series = read_series(self.run_dir(run) / METRICS)
+        if metric and metric in series:
+            run["summary"] = {metric: series[metric][1][-1]}
+        self._save()
+
+    def run(self) -> int:
+        """Run (or resume) the sweep; 0 when every run finished, 1 when some failed, 130
+        when interrupted (run the same command again to resume)."""
+        self.state["pid"] = os.getpid()
+        self._save()
+        todo = [r for r in self.state["runs"] if r["state"] in ("pending", "running", "stopped")]
+        if self.state["runs"]:
+            done = sum(r["state"] in ("finished", "failed") for r in self.state["runs"])
+            print(f"phasewatch: resuming sweep {self.name} in {self.root}: {done} runs done, {len(todo)} to continue")
+        else:
+            print(f"phasewatch: sweep {self.name} ({self.config['method']}) in {self.root}")
+        running: dict[str, tuple[subprocess.Popen, dict[str, Any]]] = {}
+        new, exhausted = 0, False
+        try:
+            while True:
+                while len(running) < self.parallel:
+                    if todo:
+                        run = todo.pop(0)
+                    elif not exhausted and (self.count is None or new < self.count):
+                        run = self._propose()
+                        exhausted = run is None
+                        if run is None:
+                            continue
+                        new += 1
+                    else:
+                        break
+                    running[run["name"]] = (self._start(run), run)
+                    print(f"  start  {run['name']}  {_describe(run['params'])}", flush=True)
+                if not running:
+                    break
+                time.sleep(0.5)
+                for name, (proc, run) in list(running.items()):
+                    code = proc.poll()
+                    if code is not None:
+                        del running[name]
+                        self._finish(run, code)
+                        extra = "".join(f"  {k} {v:.4g}" for k, v in (run.get("summary") or {}).items())
+                        log = "" if code == 0 else f"  (exit {code}; see {self.root / 'logs' / (name + '.log')})"
+                        print(f"  {run['state']:8s} {name}  in {run['seconds']:.0f} s{extra}{log}", flush=True)
+        except KeyboardInterrupt:
+            for proc, run in running.values():
+                proc.send_signal(signal.SIGINT)
+            for proc, run in running.values():
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                run.update(state="stopped", returncode=None)
+                run.pop("started", None)
+            self.state["pid"] = None
+            self._save()
+            print(f"phasewatch: sweep interrupted; run the same command again to resume it ({self.root})")
+            return 130
+        self.state["pid"] = None
+        self._save()
+        runs = self.state["runs"]
+        failed = [r["name"] for r in runs if r["state"] == "failed"]
+        print(f"phasewatch: sweep {self.name}: {sum(r['state'] == 'finished' for r in runs)} finished, "
+              f"{len(failed)} failed{' (' + ', '.join(failed) + ')' if failed else ''}. "
+              f"Compare them: phasewatch compare {self.root}")
+        return 1 if failed else 0
+
+
+def sweep_command(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="phasewatch sweep",
+        description="Run a W&B sweep file locally (no W&B server): W&B's search engine proposes each run, up to "
+                    "--parallel run at once, each in its own run folder with an offline W&B run. Running the same "
+                    "command again resumes an interrupted sweep.")
+    parser.add_argument("file", help="sweep YAML, e.g. sweeps/grokking.yaml")
+    parser.add_argument("--count", type=int, default=None,
+                        help="start at most this many new runs (default: the whole grid; needed for random/bayes)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+    parser.add_argument("--out", default=None, help="sweep folder (default: runs/sweep-<name>)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands of the runs it would start")
+    args = parser.parse_args(argv)
+    sweep = LocalSweep(args.file, args.out, args.count, args.parallel)
+    if args.dry_run:
+        for run in sweep.planned(args.count):
+            print(" ".join(sweep.command(run)))
+        return 0
+    return sweep.run()
+
+
+def _sweeps():
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # pydantic's notice about the package's v1-style config
+            warnings.simplefilter("ignore", UserWarning)
+            import sweeps
+    except ImportError as err:
+        raise ConfigError("sweep", "W&B's sweep engine (the `sweeps` package) is not installed",
+                          f"Install it: {INSTALL_HINT}.") from err
+    return sweeps
+
+
+def _first_value(spec: Any) -> Any:
+    if isinstance(spec, dict):
+        if "value" in spec:
+            return spec["value"]
+        if spec.get("values"):
+            return spec["values"][0]
+        if "min" in spec:
+            return spec["min"]
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars from the search engine as plain Python numbers."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _describe(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
