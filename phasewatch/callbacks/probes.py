@@ -95,33 +95,15 @@ class ProbeRunner(pl.Callback):
         if not probes:
             return
         step = trainer.global_step
-        model, was_training = pl_module.model, pl_module.model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                results = {p.name: p(model, pl_module.task, **self.options.get(p.name, {})) for p in probes}
-        finally:
-            model.train(was_training)
-        scalars: dict[str, float] = {}
-        for name, values in results.items():
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    scalars[key] = float(value)
-                else:
-                    self._save_array(trainer, name, key, step, value)
+        results = measure(pl_module.model, pl_module.task, probes, self.options)
+        scalars = record_results(results, Path(trainer.default_root_dir), step)
+        for values in results.values():
             for key, value in values.items():
                 if key in TRACKED or key.endswith(TRACKED_SUFFIXES):
                     self._track(step, key, [str(v) for v in value])
         if scalars:
             for logger in trainer.loggers:
                 logger.log_metrics(scalars, step=step)
-
-    @staticmethod
-    def _save_array(trainer: pl.Trainer, probe: str, key: str, step: int, value: Any) -> None:
-        folder = Path(trainer.default_root_dir) / "arrays" / probe / key
-        folder.mkdir(parents=True, exist_ok=True)
-        array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        np.save(folder / f"step={step:07d}.npy", array)
 
     def _track(self, step: int, key: str, labels: list[str]) -> None:
         history = self.history.setdefault(key, [])
@@ -138,6 +120,33 @@ class ProbeRunner(pl.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = {k: [(int(s), list(v)) for s, v in h] for k, h in state_dict.get("history", {}).items()}
+
+
+def measure(model, task, probes: list, options: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """Each probe's values on the model (in eval mode, without gradients; its mode is
+    restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return {p.name: p(model, task, **options.get(p.name, {})) for p in probes}
+    finally:
+        model.train(was_training)
+
+
+def record_results(results: dict[str, dict[str, Any]], run_dir: Path, step: int) -> dict[str, float]:
+    """Save the array values under `run_dir/arrays/<probe>/<key>/step=<N>.npy`; return the scalars."""
+    scalars: dict[str, float] = {}
+    for probe, values in results.items():
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                scalars[key] = float(value)
+            else:
+                folder = run_dir / "arrays" / probe / key
+                folder.mkdir(parents=True, exist_ok=True)
+                array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+                np.save(folder / f"step={step:07d}.npy", array)
+    return scalars
 
 
 def _show(labels: list[str]) -> str:

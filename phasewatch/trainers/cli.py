@@ -20,7 +20,8 @@ commands:
   fit       train a model on a task (phasewatch fit --config configs/quickstart.yaml)
   validate  evaluate a checkpoint on the task's held-out data
   plot      draw a run's curves: phasewatch plot RUN_DIR [--out FILE.png]
-  analyze   progress measures of a checkpoint from the grokking paper's code: phasewatch analyze FILE.pth
+  analyze   probes over a run's saved checkpoints: phasewatch analyze RUN_DIR --probes llc
+            (or the progress measures of a grokking-paper checkpoint: phasewatch analyze FILE.pth)
   phases    phase transitions in every series of a run, metrics.jsonl or CSV: phasewatch phases FILE
   report    one self-contained HTML report of a run: phasewatch report RUN_DIR [--out FILE.html]
   compile   compile a tracr program, check it, print its layout: phasewatch compile reverse
@@ -335,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
             list_tasks()
         elif argv[0] == "plot":
             return plot_command(argv[1:])
+        elif argv[0] == "analyze" and len(argv) > 1 and Path(argv[1]).is_dir():
+            from phasewatch.trainers.posthoc import analyze_run_command
+
+            return analyze_run_command(argv[1:])
         elif argv[0] == "analyze":
             return analyze_command(argv[1:])
         elif argv[0] == "phases":

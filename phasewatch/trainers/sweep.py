@@ -186,13 +186,14 @@ class LocalSweep:
         with open(logs / f"{run['name']}.log", "a") as log:
             proc = subprocess.Popen(self.command(run), stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
-        run.update(state="running", started=time.time())
+        run.update(state="running", start_time=time.time())
         self._save()
         return proc
 
     def _finish(self, run: dict[str, Any], code: int) -> None:
         run["returncode"] = code
-        run["seconds"] = round(time.time() - run.pop("started", time.time()), 1)
+        run["end_time"] = time.time()
+        run["seconds"] = round(run["end_time"] - run["start_time"], 1)
         run["state"] = "finished" if code == 0 else ("stopped" if code < 0 else "failed")
         metric = (self.config.get("metric") or {}).get("name")
         series = read_series(self.run_dir(run) / METRICS)
@@ -248,7 +249,6 @@ class LocalSweep:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                 run.update(state="stopped", returncode=None)
-                run.pop("started", None)
             self.state["pid"] = None
             self._save()
             print(f"phasewatch: sweep interrupted; run the same command again to resume it ({self.root})")

@@ -1,0 +1,127 @@
+"""Probes after the fact: `phasewatch analyze RUN_DIR --probes NAME ...`.
+
+Use it for probes added after a run, or too costly to run while training (e.g. `llc`):
+it rebuilds the run's task and model from `config.yaml`, loads each saved checkpoint
+(`checkpoints/step=<N>.ckpt`, in step order) and runs the probes on it, exactly as
+during training. Scalars are appended to `metrics.jsonl` under each checkpoint's step,
+arrays go to `arrays/<probe>/<key>/step=<N>.npy`; the report and `phasewatch phases`
+then show them with everything else.
+
+Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
+unknown probe or one that does not apply to the task, a run another process is writing,
+and probes whose keys the run already has (pass `replace=True` / `--replace` to drop the
+old values of those keys first).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from phasewatch.callbacks.probes import measure, record_results
+from phasewatch.probes import get_probe
+from phasewatch.tasks.base import ConfigError, Task
+from phasewatch.trainers.model import ModelConfig
+from phasewatch.trainers.module import TrainModule
+from phasewatch.trainers.run_store import RunStore
+
+
+def load_run_module(run_dir: str | os.PathLike) -> TrainModule:
+    """The run's TrainModule (task and architecture from its config.yaml, fresh weights)."""
+    store = RunStore(run_dir)
+    if not store.config.exists():
+        raise ConfigError("run_dir", f"{store.config} does not exist", "Give a run folder written by phasewatch fit.")
+    cfg = yaml.safe_load(store.config.read_text())
+    spec = cfg["data"]["task"]
+    module_name, _, class_name = spec["class_path"].rpartition(".")
+    task: Task = getattr(importlib.import_module(module_name), class_name)(**(spec.get("init_args") or {}))
+    model_cfg = dict(cfg.get("model") or {})
+    model_cfg["arch"] = ModelConfig(**(model_cfg.get("arch") or {}))
+    model_cfg.pop("task", None)
+    if isinstance(model_cfg.get("betas"), list):
+        model_cfg["betas"] = tuple(model_cfg["betas"])
+    return TrainModule(task=task, **model_cfg)
+
+
+def checkpoint_steps(run_dir: str | os.PathLike) -> dict[int, Path]:
+    """step -> checkpoint file, for the run's step=<N>.ckpt files."""
+    found = {}
+    for path in RunStore(run_dir).checkpoints.glob("step=*.ckpt"):
+        match = re.fullmatch(r"step=(\d+)\.ckpt", path.name)
+        if match:
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str, dict] | None = None,
+                replace: bool = False, progress: bool = True) -> list[int]:
+    """Run `names` on every saved checkpoint of the run; returns the steps measured."""
+    from tqdm import tqdm
+
+    store = RunStore(run_dir)
+    module = load_run_module(run_dir)
+    probes = [get_probe(n, module.task) for n in names]
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        raise ConfigError("run_dir", f"no step=<N>.ckpt checkpoints in {store.checkpoints}",
+                          "Train with a checkpoint schedule (the default saves 30 log-spaced ones).")
+    store.acquire_lock()
+    try:
+        first = next(iter(steps.values()))
+        module.load_state_dict(torch.load(first, map_location="cpu", weights_only=False)["state_dict"])
+        keys = {k for r in measure(module.model, module.task, probes, options or {}).values() for k in r}
+        existing = {k for record in store.read_metrics() for k in record} & keys
+        if existing and not replace:
+            raise ConfigError("probes", f"{store.metrics} already has {sorted(existing)[:5]}"
+                                        f"{f' and {len(existing) - 5} more' if len(existing) > 5 else ''}",
+                              "Pass --replace to measure them again (their old values are dropped).")
+        if existing:
+            _drop_keys(store, existing)
+        for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt", disable=not progress):
+            module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
+            scalars = record_results(measure(module.model, module.task, probes, options or {}), store.root, step)
+            if scalars:
+                store.append_jsonl(store.metrics, {"step": step, **scalars})
+    finally:
+        store.release_lock()
+    return list(steps)
+
+
+def _drop_keys(store: RunStore, keys: set[str]) -> None:
+    """Rewrite metrics.jsonl without `keys` (atomically: a temporary file, then a rename)."""
+    lines = []
+    for record in store.read_metrics():
+        kept = {k: v for k, v in record.items() if k not in keys}
+        if set(kept) - {"step"}:
+            lines.append(json.dumps(kept) + "\n")
+    tmp = store.metrics.with_name(store.metrics.name + ".tmp")
+    tmp.write_text("".join(lines))
+    os.replace(tmp, store.metrics)
+
+
+def analyze_run_command(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="phasewatch analyze",
+        description="Run probes over a run's saved checkpoints and add their values to its run folder.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--probes", nargs="+", required=True, help="probe names (phasewatch tasks lists them)")
+    parser.add_argument("--options", default=None, help='JSON options per probe, e.g. \'{"llc": {"n_steps": 200}}\'')
+    parser.add_argument("--replace", action="store_true", help="measure keys the run already has again")
+    args = parser.parse_args(argv)
+    try:
+        options: dict[str, Any] = json.loads(args.options) if args.options else {}
+    except json.JSONDecodeError as err:
+        raise ConfigError("options", f"--options is not JSON ({err})", "Write e.g. '{\"llc\": {\"n_steps\": 200}}'.")
+    steps = analyze_run(args.run_dir, args.probes, options, args.replace)
+    print(f"phasewatch: {', '.join(args.probes)} measured at {len(steps)} checkpoints (steps {steps[0]}-{steps[-1]}); "
+          f"values added to {RunStore(args.run_dir).metrics}")
+    return 0

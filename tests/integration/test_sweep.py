@@ -1,0 +1,203 @@
+"""Sweeps: the shipped W&B sweep files, `phasewatch sweep` (parallel, resumable),
+`phasewatch compare` and `phasewatch analyze RUN_DIR --probes` on real runs."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from phasewatch.trainers.cli import main
+from phasewatch.trainers.sweep import LocalSweep, command_for, load_sweep_file
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
+MAX_STEPS = 120
+TINY = f"""
+name: tiny
+method: grid
+metric: {{name: val/acc, goal: maximize}}
+parameters:
+  model.weight_decay: {{values: [0.5, 1.0]}}
+  data.task.frac_train: {{values: [0.5, 0.7]}}
+command: ["${{env}}", phasewatch, fit, --config, configs/quickstart.yaml, --data.task.p=23,
+          --trainer.max_steps={MAX_STEPS}, --trainer.val_check_interval=10, "--probes.names=[]",
+          --report.every_n_validations=1000, "${{args}}"]
+"""
+
+
+def _lookup(cfg: dict, dotted: str):
+    """A dotted CLI flag's value in a printed config (class_path/init_args shorthand allowed)."""
+    node = cfg
+    for part in dotted.split("."):
+        if part not in node and "init_args" in node:
+            node = node["init_args"]
+        node = node[part]
+    return node
+
+
+def test_sweep_files_exist_for_each_study():
+    assert {p.stem for p in SWEEP_FILES} >= {"grokking", "induction", "digit_addition", "reverse"}
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)
+def test_sweep_file_parameters_are_fit_flags(path, tmp_path, capsys, monkeypatch):
+    """Every parameter of every sweep file lands at its own place in the resolved config
+    of the sweep's first run (parsed by the real CLI parser)."""
+    monkeypatch.chdir(REPO)
+    config = load_sweep_file(path)
+    assert config["method"] in ("grid", "random", "bayes")
+    first = LocalSweep(path, tmp_path / "out").planned(1)[0]
+    cmd = command_for(config, first["params"], path)
+    assert cmd[:4] == [sys.executable, "-m", "phasewatch", "fit"]
+    with pytest.raises(SystemExit) as exit_:
+        main(cmd[3:] + ["--print_config"])
+    assert exit_.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    for name, value in first["params"].items():
+        assert _lookup(printed, name) == value, name
+    assert not (tmp_path / "out").exists()  # planning writes nothing
+
+
+def test_bad_sweep_files_are_refused_clearly(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    cases = {
+        "method: grid\nparameters: {model.lr: {values: [1]}}\ncommand: [python, train.py, '${args}']\n": "phasewatch fit",
+        "method: gridd\nparameters: {model.lr: {values: [1]}}\n": "not a valid W&B sweep",
+        "method: grid\n": "no parameters",
+        "method: random\nparameters: {model.lr: {min: 0.0001, max: 0.01}}\n"
+        "command: ['${env}', phasewatch, fit, '${args}']\n": "--count",
+    }
+    for text, expected in cases.items():
+        bad.write_text(text)
+        assert main(["sweep", str(bad), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("phasewatch: error: ") and expected in err, (text, err)
+    assert not (tmp_path / "o").exists()
+
+
+def _sweep(tmp_path, *args) -> subprocess.Popen:
+    env = dict(os.environ, WANDB_MODE="offline")
+    return subprocess.Popen([sys.executable, "-m", "phasewatch", "sweep", str(tmp_path / "tiny.yaml"),
+                             "--out", str(tmp_path / "out"), *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _state(tmp_path) -> dict:
+    return json.loads((tmp_path / "out" / "sweep.json").read_text())
+
+
+def test_offline_grid_sweep_in_parallel_then_compare_and_analyze(tmp_path, capsys):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    proc = _sweep(tmp_path, "--parallel", "2")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    runs = _state(tmp_path)["runs"]
+    assert [r["state"] for r in runs] == ["finished"] * 4
+    assert sorted((r["params"]["model.weight_decay"], r["params"]["data.task.frac_train"]) for r in runs) == [
+        (0.5, 0.5), (0.5, 0.7), (1.0, 0.5), (1.0, 0.7)]
+    # two at a time: some runs overlapped in time, never more than two
+    spans = [(r["start_time"], r["end_time"]) for r in runs]
+    overlap = [sum(s <= t < e for s, e in spans) for t, _ in spans]
+    assert max(overlap) == 2
+    folders = {tmp_path / "out" / r["name"] for r in runs}
+    assert len(folders) == 4
+    for folder, run in zip(sorted(folders), sorted(runs, key=lambda r: r["name"])):
+        cfg = yaml.safe_load((folder / "config.yaml").read_text())
+        assert cfg["model"]["weight_decay"] == run["params"]["model.weight_decay"]
+        assert cfg["data"]["task"]["init_args"]["frac_train"] == run["params"]["data.task.frac_train"]
+        assert cfg["run_dir"] == str(folder)
+        metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        assert max(m["step"] for m in metrics) == MAX_STEPS
+        assert (folder / "checkpoints" / "last.ckpt").exists()
+        assert list((folder / "wandb").glob("offline-run-*"))  # an offline W&B run to sync later
+        assert run["summary"]["val/acc"] == [m["val/acc"] for m in metrics if "val/acc" in m][-1]
+
+    assert main(["compare", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "compare.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and (tmp_path / "out" / "compare.png").stat().st_size > 10_000
+    for row, run in zip(rows, runs):
+        assert row["run"] == run["name"] and float(row["model.weight_decay"]) == run["params"]["model.weight_decay"]
+        # every tiny run memorises its training set: an upward train/acc transition inside the run
+        assert 0 < float(row["train/acc up"]) <= MAX_STEPS
+    # the larger training fraction generalises better in 120 steps
+    final = {(float(r["data.task.frac_train"]), float(r["model.weight_decay"])): float(r["final val/acc"]) for r in rows}
+    assert final[(0.7, 0.5)] > final[(0.5, 0.5)] and final[(0.7, 1.0)] > final[(0.5, 1.0)]
+
+    # probes after the fact, over the saved checkpoints of one run
+    run_dir = tmp_path / "out" / runs[0]["name"]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step=*.ckpt"))
+    assert main(["analyze", str(run_dir), "--probes", "grokking"]) == 0
+    added = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if "grok/restricted_loss" in line]
+    assert [f"step={m['step']:07d}.ckpt" for m in added] == checkpoints
+    assert len(list((run_dir / "arrays" / "grokking" / "key_freqs").glob("*.npy"))) == len(checkpoints)
+    capsys.readouterr()
+    assert main(["analyze", str(run_dir), "--probes", "grokking"]) == 2
+    assert "--replace" in capsys.readouterr().err
+    assert main(["analyze", str(run_dir), "--probes", "grokking", "--replace"]) == 0
+    again = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if "grok/restricted_loss" in line]
+    assert again == added  # same checkpoints, same numbers, no duplicates
+
+
+def test_an_interrupted_sweep_resumes_without_rerunning_finished_runs(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY.replace("[0.5, 0.7]", "[0.5]"))  # 2 runs
+    proc = _sweep(tmp_path)
+    deadline = time.time() + 300
+    while time.time() < deadline:  # wait until the first run finished and the second has a checkpoint
+        time.sleep(0.5)
+        try:
+            runs = _state(tmp_path)["runs"]
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        if (len(runs) == 2 and runs[0]["state"] == "finished"
+                and list((tmp_path / "out" / runs[1]["name"] / "checkpoints").glob("step=*.ckpt"))):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "run the same command again to resume" in out
+    runs = _state(tmp_path)["runs"]
+    assert [r["state"] for r in runs] == ["finished", "stopped"]
+    first_metrics = (tmp_path / "out" / runs[0]["name"] / "metrics.jsonl").read_bytes()
+
+    proc = _sweep(tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "resuming sweep tiny" in out and "1 runs done, 1 to continue" in out
+    runs = _state(tmp_path)["runs"]
+    assert [r["state"] for r in runs] == ["finished", "finished"]
+    assert (tmp_path / "out" / runs[0]["name"] / "metrics.jsonl").read_bytes() == first_metrics
+    log = (tmp_path / "out" / "logs" / f"{runs[1]['name']}.log").read_text()
+    assert "Restoring states from the checkpoint" in log or "Restored all states" in log
+    steps = [json.loads(line)["step"] for line in (tmp_path / "out" / runs[1]["name"] / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == MAX_STEPS and steps == sorted(steps)  # continued, no repeated steps
+
+
+def test_a_run_started_by_wandb_agent_takes_the_agents_run_id(tmp_path, monkeypatch):
+    """`wandb agent` sets WANDB_SWEEP_ID and WANDB_RUN_ID for each run it starts; the run
+    must use that id (or W&B would not count it in the sweep) and get its own folder."""
+    from phasewatch.trainers.cli import default_run_dir
+    from phasewatch.trainers.run_store import RunStore
+    from phasewatch.trainers.wandb_logging import WANDB_ID_FILE, make_wandb_logger
+
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sw33p")
+    monkeypatch.setenv("WANDB_RUN_ID", "agentrun1")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert default_run_dir("induction") == Path("runs") / "sweep-sw33p" / "agentrun1"
+    store = RunStore(tmp_path / "run")
+    store.create()
+    logger = make_wandb_logger(store, "run", "phasewatch-test", {})
+    assert (store.root / WANDB_ID_FILE).read_text().strip() == "agentrun1"
+    assert logger.version == "agentrun1"
+    monkeypatch.delenv("WANDB_SWEEP_ID")
+    monkeypatch.delenv("WANDB_RUN_ID")
+    assert default_run_dir("induction").parent == Path("runs")
