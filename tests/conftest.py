@@ -31,3 +31,21 @@ def reference_dir():
     if not path.is_dir():
         pytest.skip(f"published reference data not found at {path} (../shared/reference beside the repository)")
     return path
+
+
+@pytest.fixture(scope="session")
+def tracr_cache(tmp_path_factory):
+    """One disk cache of compiled tracr references for the whole test session."""
+    return tmp_path_factory.mktemp("tracr-cache")
+
+
+@pytest.fixture(scope="session")
+def reverse(tracr_cache):
+    """make_reverse for vocab {1, 2, 3} and lengths 1-5, compiled, converted and checked
+    against tracr on every input (compiled_reference raises if they disagree)."""
+    from phasewatch.probes.compiled import compiled_reference
+    from phasewatch.tasks.tracr_programs import load_program
+
+    program = load_program("reverse", [1, 2, 3], 5)
+    bridge, layout = compiled_reference(program, cache_dir=str(tracr_cache))
+    return program, bridge, layout, tracr_cache

@@ -24,7 +24,7 @@ from phasewatch.probes import default_probes, get_probe
 
 #: probe outputs that are sets worth following: key frequencies, classified heads, composing pairs
 TRACKED = ("key_freqs",)
-TRACKED_SUFFIXES = ("_heads", "_pairs")
+TRACKED_SUFFIXES = ("_heads", "_pairs", "_components")
 
 
 class ProbeRunner(pl.Callback):

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Callable, ClassVar
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
@@ -182,3 +183,17 @@ def task_class(name: str) -> type[Task]:
 def make_task(name: str, **kwargs: Any) -> Task:
     """Build a registered task by name, e.g. `make_task("modular_addition", p=113)`."""
     return task_class(name)(**kwargs)
+
+
+def masked_loss(logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype) -> torch.Tensor:
+    """Cross-entropy (in `loss_dtype`) over the batch's loss positions."""
+    return F.cross_entropy(logits[batch.loss_mask].to(loss_dtype), batch.targets[batch.loss_mask])
+
+
+def masked_loss_and_acc(
+    logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy (in `loss_dtype`) and accuracy over the batch's loss positions."""
+    picked = logits[batch.loss_mask].to(loss_dtype)
+    targets = batch.targets[batch.loss_mask]
+    return F.cross_entropy(picked, targets), (picked.argmax(-1) == targets).float().mean()

@@ -71,6 +71,15 @@ def program_names() -> list[str]:
     return sorted(PROGRAMS)
 
 
+def register_program(name: str, spec: ProgramSpec) -> None:
+    """Add a RASP program (`spec.build(rasp, lib, max_seq_len, vocab)` returns its output
+    SOp) under a new name, for `RaspTask(program=name)`, the tracr probe and `phasewatch
+    compile`. Names are unique: an existing one is refused."""
+    if name in PROGRAMS:
+        raise ValueError(f"tracr program {name!r} is already registered")
+    PROGRAMS[name] = spec
+
+
 def spec(name: str) -> ProgramSpec:
     if name not in PROGRAMS:
         raise ConfigError(
@@ -116,6 +125,10 @@ class Program:
     @property
     def categorical(self) -> bool:
         return _tracr().rasp.is_categorical(self.sop)
+
+    def is_categorical(self, name: str) -> bool:
+        """Whether variable `name` is categorical (one-hot in the compiled residual)."""
+        return _tracr().rasp.is_categorical(self.variables[name])
 
     def evaluate(self, xs: Sequence[Value], sop: Any = None) -> list[Value]:
         """The true value of `sop` (default: the program's output) on input `xs`.
@@ -214,9 +227,16 @@ def compile_program(program: Program):
     them without complaint and gives wrong outputs (REFERENCE.md)."""
     from tracr.compiler import compiling
 
-    return compiling.compile_rasp_to_model(
-        program.sop, vocab=set(program.vocab), max_seq_len=program.max_seq_len,
-        causal=spec(program.name).causal, compiler_bos=COMPILER_BOS, compiler_pad=COMPILER_PAD)
+    try:
+        return compiling.compile_rasp_to_model(
+            program.sop, vocab=set(program.vocab), max_seq_len=program.max_seq_len,
+            causal=spec(program.name).causal, compiler_bos=COMPILER_BOS, compiler_pad=COMPILER_PAD)
+    except (NotImplementedError, ValueError, TypeError, KeyError, AssertionError) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise ConfigError("data.task.program", f"tracr cannot compile {program.name!r} ({reason})",
+                          "Rewrite the program with operations tracr supports (categorical SequenceMaps, "
+                          "numerical Aggregates of numerical values; see tracr's README), or choose "
+                          "another one (phasewatch tasks lists them).") from err
 
 
 def compiled_outputs(compiled, inputs: list[tuple]) -> list[list[Value]]:

@@ -308,7 +308,7 @@ def compile_command(argv: list[str]) -> int:
     parser.add_argument("--cache-dir", default="~/.cache/phasewatch/tracr")
     args = parser.parse_args(argv)
     from phasewatch.tasks.tracr_programs import load_program
-    from phasewatch.trainers.model import compiled_reference
+    from phasewatch.probes.compiled import compiled_reference
 
     program = load_program(args.program, json.loads(args.vocab) if args.vocab else None, args.max_seq_len)
     _, layout = compiled_reference(program, cache_dir=args.cache_dir)

@@ -16,22 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
-from phasewatch.tasks.base import Batch, ConfigError, Task, require, require_int
+from phasewatch.tasks.base import Batch, ConfigError, Task, masked_loss, masked_loss_and_acc, require, require_int  # noqa: F401
 from phasewatch.trainers.model import ModelConfig, build_model, native_module
-
-
-def masked_loss(logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype) -> torch.Tensor:
-    """Cross-entropy (in `loss_dtype`) over the batch's loss positions."""
-    return F.cross_entropy(logits[batch.loss_mask].to(loss_dtype), batch.targets[batch.loss_mask])
-
-
-def masked_loss_and_acc(
-    logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy (in `loss_dtype`) and accuracy over the batch's loss positions."""
-    picked = logits[batch.loss_mask].to(loss_dtype)
-    targets = batch.targets[batch.loss_mask]
-    return F.cross_entropy(picked, targets), (picked.argmax(-1) == targets).float().mean()
 
 
 class StepStream(IterableDataset):

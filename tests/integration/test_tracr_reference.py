@@ -10,15 +10,7 @@ import torch
 
 from phasewatch.tasks import ConfigError
 from phasewatch.tasks.tracr_programs import COMPILER_BOS, load_program
-from phasewatch.trainers.model import compiled_reference
-
-
-@pytest.fixture(scope="module")
-def reverse(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("tracr-cache")
-    program = load_program("reverse", [1, 2, 3], 5)
-    bridge, layout = compiled_reference(program, cache_dir=str(cache))  # raises if it disagrees with tracr
-    return program, bridge, layout, cache
+from phasewatch.probes.compiled import compiled_reference
 
 
 def outputs(program, bridge):
@@ -51,7 +43,7 @@ def test_layout_is_the_known_reverse_circuit(reverse):
 
 def test_cached_reference_loads_without_jax(reverse):
     program, bridge, _, cache = reverse
-    code = (f"import sys, types, torch; from phasewatch.trainers.model import compiled_reference; "
+    code = (f"import sys, types, torch; from phasewatch.probes.compiled import compiled_reference; "
             f"p = types.SimpleNamespace(name='reverse', vocab=(1, 2, 3), max_seq_len=5, categorical=True); "
             f"b, _ = compiled_reference(p, cache_dir={str(cache)!r}); "
             f"assert 'jax' not in sys.modules and 'tracr' not in sys.modules, 'imported JAX'; "
@@ -63,3 +55,32 @@ def test_cached_reference_loads_without_jax(reverse):
 def test_numerical_programs_are_refused_clearly():
     with pytest.raises(ConfigError, match="numerical outputs"):
         compiled_reference(load_program("frac_prevs"), cache_dir="/nonexistent")
+
+
+def test_a_program_tracr_cannot_compile_is_refused_clearly(tmp_path, monkeypatch):
+    from phasewatch.tasks import tracr_programs
+
+    def numerical_sum(rasp, lib, n, vocab):  # tracr: non-linear SequenceMaps need categorical inputs
+        a = rasp.numerical(rasp.Map(lambda x: x, rasp.tokens))
+        b = rasp.numerical(rasp.Map(lambda x: 2 * x, rasp.tokens))
+        return rasp.numerical(rasp.SequenceMap(lambda x, y: x + y, a, b)).named("sum")
+
+    monkeypatch.setattr(tracr_programs, "PROGRAMS", dict(tracr_programs.PROGRAMS))
+    tracr_programs.register_program("numerical_sum", tracr_programs.ProgramSpec(numerical_sum, (1, 2, 3), 3, False))
+    with pytest.raises(ValueError, match="already registered"):
+        tracr_programs.register_program("numerical_sum", tracr_programs.PROGRAMS["reverse"])
+    with pytest.raises(ConfigError, match=r"data.task.program: tracr cannot compile 'numerical_sum' \(Unsupported RASP"):
+        tracr_programs.compile_program(load_program("numerical_sum"))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["sort", "hist"])
+def test_other_programs_convert_and_match_tracr_on_every_input(name, tracr_cache):
+    """compiled_reference checks every input of length 1-4 against tracr's own decoded
+    output and raises on any disagreement; here it must pass, and agree with RASP."""
+    program = load_program(name, [1, 2, 3], 4)
+    bridge, layout = compiled_reference(program, cache_dir=str(tracr_cache))
+    got = outputs(program, bridge)
+    assert len(got) == 3 + 9 + 27 + 81
+    assert all(got[xs] == program.evaluate(xs) for xs in got)
+    assert any(not layer["attn"]["empty"] for layer in layout["layers"])

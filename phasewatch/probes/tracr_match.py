@@ -1,0 +1,287 @@
+"""Learned vs compiled: how close is the model being trained to tracr's compiled model
+of the same RASP program? (Definitions: REFERENCE.md, "tracr: compiled references".)
+
+Both models read the same tokens (a RASP task encodes inputs with the compiled model's
+own ids), one batch per input length (tracr does not mask padding), at most
+`per_length` distinct inputs per length, so that every length weighs the same.
+
+- Behavioural agreement: the fraction of answer positions where the learned model's
+  argmax equals the compiled model's, per length and averaged over lengths.
+- Attention match: for each compiled head that writes something, the overlap
+  sum_k min(A[q,k], S[q,k]) between a learned pattern A and the compiled pattern S,
+  averaged over queries (BOS excluded) and lengths. For a one-hot S (a lookup such as
+  reverse's) it is the attention mass on the compiled target, sum_k A S; unlike that
+  sum it is 1 only when the patterns are equal, also for spread-out compiled patterns
+  (the uniform attention of `length`). Reported for the best single learned head and
+  the best two-head path (A2 A1: layer-b head reading through a layer-a head, a < b).
+- Variable probes: for each categorical RASP variable (by its `.named()` name) and
+  each residual site of the learned model, the held-out accuracy of a linear
+  least-squares classifier (ridge, one-hot targets, bias) trained on half of the
+  inputs of every length and tested on the other half. The same probe on a freshly
+  initialised model of the same architecture is the baseline: length and position are
+  linearly decodable at initialisation (REFERENCE.md), so only the excess over the
+  baseline means the model computes a variable.
+- Representational similarity: linear CKA (Kornblith et al. 2019)
+  ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) between every learned and every compiled
+  residual site (rows: input x position, columns centred).
+
+Keys: `tracr/agreement`, `tracr/agreement/len<n>`, `tracr/attn_match/<ref head>`,
+`tracr/attn_match/<ref head>/path`, `tracr/probe/<variable>/<site>`,
+`tracr/probe_baseline/<variable>/<site>`, `tracr/cka/<site>` (the best compiled site
+for each learned site); sites are `resid_pre<l>`, `resid_mid<l>`, `resid_post<l>`
+(TransformerLens hook names). Arrays: `cka` [learned site, compiled site],
+`cka_sites` (the learned then the compiled site names), `attn_match`
+[ref head, layer, head], `match_heads` (`<ref>=<best head>` and
+`<ref>=<path>`; printed when they change).
+
+Fails with ConfigError for a task without a RASP program, a causal model compared with
+a non-causal program, or a program tracr cannot compile.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from phasewatch.probes.registry import register_probe
+from phasewatch.tasks.base import Batch, ConfigError, Task
+
+DEFAULT_CACHE = "~/.cache/phasewatch/tracr"
+BASELINE_SEED = 12345
+_REFERENCES: dict[tuple, tuple] = {}
+_BASELINES: dict[tuple, dict[str, float]] = {}
+_LABELS: dict[tuple, dict[str, list[Tensor]]] = {}
+
+
+# --- measures (pure) -----------------------------------------------------------------
+
+def pattern_overlap(a: Float[Tensor, "... q k"], s: Float[Tensor, "... q k"]) -> Float[Tensor, "..."]:
+    """Mean over queries of sum_k min(a, s): 1 for equal patterns, a's mass on the
+    target for a one-hot s."""
+    return torch.minimum(a, s).sum(-1).mean(-1)
+
+
+def linear_cka(x: Float[Tensor, "n d1"], y: Float[Tensor, "n d2"]) -> float:
+    """Linear CKA of two representations of the same n rows (columns centred here)."""
+    x = (x - x.mean(0)).double()
+    y = (y - y.mean(0)).double()
+    denom = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
+    return float(torch.linalg.matrix_norm(y.T @ x) ** 2 / denom) if denom > 0 else 0.0
+
+
+def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
+    """Held-out accuracy of a ridge least-squares linear classifier (one-hot targets,
+    standardised features, a bias)."""
+    x_train, x_test = x_train.double(), x_test.double()
+    mean, std = x_train.mean(0), x_train.std(0).clamp_min(1e-6)
+
+    def design(x: Tensor) -> Tensor:
+        return torch.cat([(x - mean) / std, torch.ones(len(x), 1, dtype=x.dtype)], 1)
+
+    a = design(x_train)
+    n_classes = int(max(y_train.max(), y_test.max())) + 1
+    targets = torch.nn.functional.one_hot(y_train, n_classes).double()
+    gram = a.T @ a
+    gram += ridge * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype)
+    weights = torch.linalg.solve(gram, a.T @ targets)
+    return float((design(x_test) @ weights).argmax(-1).eq(y_test).double().mean())
+
+
+# --- data ----------------------------------------------------------------------------
+
+def comparison_batches(task: Task, per_length: int) -> list[Batch]:
+    """One batch per input length: the task's held-out inputs, at most `per_length` of
+    them per length, spread evenly over the (distinct) held-out set."""
+    out = []
+    for batch in task.val_batches():
+        keep = torch.linspace(0, len(batch.tokens) - 1, min(per_length, len(batch.tokens))).round().long().unique()
+        out.append(Batch(batch.tokens[keep], batch.targets[keep], batch.loss_mask[keep],
+                         {k: v[keep] for k, v in batch.extras.items()}))
+    return out
+
+
+def variable_labels(task: Task, batches: list[Batch]) -> dict[str, list[Tensor]]:
+    """Class index of every categorical RASP variable at every input position (RASP
+    index i = model position i + 1), one [batch, n] tensor per length."""
+    key = (task.program.name, task.program.vocab, task.program.max_seq_len, tuple(len(b.tokens) for b in batches))
+    if key not in _LABELS:
+        program = task.program
+        names = [n for n in program.variables if program.is_categorical(n) and len(program.value_sets[n]) > 1]
+        index = {n: {v: i for i, v in enumerate(program.sorted_values(n))} for n in names}
+        labels: dict[str, list[Tensor]] = {n: [] for n in names}
+        for batch in batches:
+            values = [program.intermediates(xs) for xs in task.decode(batch.tokens)]
+            for n in names:
+                labels[n].append(torch.tensor([[index[n][v] for v in row[n]] for row in values], dtype=torch.long))
+        _LABELS[key] = labels
+    return _LABELS[key]
+
+
+def residual_sites(model) -> list[str]:
+    """TransformerLens hook names of the residual stream, in depth order."""
+    n, attn_only = model.cfg.n_layers, model.cfg.attn_only
+    sites = []
+    for layer in range(n):
+        sites.append(f"blocks.{layer}.hook_resid_pre")
+        if not attn_only:
+            sites.append(f"blocks.{layer}.hook_resid_mid")
+    return sites + [f"blocks.{n - 1}.hook_resid_post"]
+
+
+def site_name(hook: str) -> str:
+    """`blocks.1.hook_resid_mid` -> `resid_mid1`."""
+    _, layer, kind = hook.split(".")
+    return f"{kind.removeprefix('hook_')}{layer}"
+
+
+def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor]]:
+    """Per length: argmax predictions [batch, pos] and patterns [batch, layer, head, q, k];
+    residual activations at the input positions, rows = input x position, all lengths."""
+    predictions, patterns, resid = [], [], {s: [] for s in sites}
+    wanted = set(sites) | {f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)}
+    for batch in batches:
+        logits, cache = model.run_with_cache(batch.tokens, names_filter=lambda name: name in wanted)
+        predictions.append(logits.argmax(-1))
+        patterns.append(torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.cfg.n_layers)],
+                                    1).double())
+        for s in sites:
+            resid[s].append(cache[s][:, 1:].reshape(-1, cache[s].shape[-1]))
+    return predictions, patterns, {s: torch.cat(v) for s, v in resid.items()}
+
+
+# --- the probe -----------------------------------------------------------------------
+
+def compiled_for(task: Task, cache_dir: str = DEFAULT_CACHE):
+    """The task's compiled reference bridge and layout (compiled once per process and
+    cached on disk)."""
+    from phasewatch.probes.compiled import compiled_reference
+
+    program = task.program
+    key = (program.name, program.vocab, program.max_seq_len, cache_dir)
+    if key not in _REFERENCES:
+        bridge, layout = compiled_reference(program, cache_dir=cache_dir)
+        bridge.eval()
+        _REFERENCES[key] = (bridge, layout)
+    return _REFERENCES[key]
+
+
+def check_comparable(model, task: Task) -> None:
+    """ConfigError when the model cannot be compared with the task's compiled program."""
+    if not hasattr(task, "program"):
+        raise ConfigError("probes.names", f"the task {task.name!r} has no RASP program to compile",
+                          "Use the tracr probe with a RASP task (--data.task rasp).")
+    if model.cfg.attention_dir == "causal" and not task.causal:
+        raise ConfigError("model.arch.attention", f"a causal model cannot match the program {task.program.name!r}, "
+                          "which reads later positions (tracr compiles it with bidirectional attention)",
+                          "Use --model.arch.attention bidirectional.")
+
+
+def variable_probes(model, task: Task, batches: list[Batch], resid: dict[str, Tensor], ridge: float) -> dict[str, float]:
+    """`<variable>/<site>` -> held-out probe accuracy (train on even, test on odd inputs of
+    every length)."""
+    labels = variable_labels(task, batches)
+    lengths = [b.tokens.shape[1] - 1 for b in batches]
+    sizes = [len(b.tokens) for b in batches]
+    train_rows, test_rows, start = [], [], 0
+    for size, n in zip(sizes, lengths):
+        rows = torch.arange(start, start + size * n).reshape(size, n)
+        train_rows.append(rows[0::2].flatten())
+        test_rows.append(rows[1::2].flatten())
+        start += size * n
+    train, test = torch.cat(train_rows), torch.cat(test_rows)
+    out = {}
+    for name, per_length in labels.items():
+        y = torch.cat([t.flatten() for t in per_length])
+        for site, x in resid.items():
+            out[f"{name}/{site_name(site)}"] = probe_accuracy(x[train], y[train], x[test], y[test], ridge)
+    return out
+
+
+def fresh_model(model, seed: int = BASELINE_SEED):
+    """A newly initialised model of `model`'s architecture (the global RNG is untouched)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    cfg = copy.copy(model.cfg)
+    cfg.seed = seed
+    with torch.random.fork_rng():
+        fresh = TransformerBridge.boot_native(cfg)
+    return fresh.eval()
+
+
+def _applies(task: Task) -> bool:
+    return hasattr(task, "program") and task.program.categorical
+
+
+@register_probe("tracr", applies_to=_applies)
+def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, cache_dir: str = DEFAULT_CACHE,
+                baseline: bool = True) -> dict[str, Any]:
+    """Compare with the compiled model (keys in the module docstring). Options:
+    per_length (inputs per length), ridge, cache_dir (compiled references), baseline
+    (also probe a fresh initialisation). Default for RASP tasks with categorical outputs
+    (the TransformerLens converter unembeds only categories); the first use of a program
+    compiles it (15-60 s), later ones load it from the disk cache."""
+    check_comparable(model, task)
+    reference, _ = compiled_for(task, cache_dir)
+    batches = comparison_batches(task, per_length)
+    sites, ref_sites = residual_sites(model), residual_sites(reference)
+    preds, patterns, resid = _run(model, batches, sites)
+    ref_preds, ref_patterns, ref_resid = _run(reference, batches, ref_sites)
+    out: dict[str, Any] = {}
+
+    per_len = []
+    for batch, p, r in zip(batches, preds, ref_preds):
+        agree = float(p[:, 1:].eq(r[:, 1:]).double().mean())
+        out[f"tracr/agreement/len{batch.tokens.shape[1] - 1}"] = agree
+        per_len.append(agree)
+    out["tracr/agreement"] = sum(per_len) / len(per_len)
+
+    active = [(layer, head) for layer in range(reference.cfg.n_layers) for head in range(reference.cfg.n_heads)
+              if float(reference.W_O[layer, head].detach().abs().sum()) > 0]
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    single = torch.zeros(len(active), n_layers, n_heads, dtype=torch.float64)
+    paths = torch.zeros(len(active), n_layers, n_heads, n_layers, n_heads, dtype=torch.float64)
+    for a, s in zip(patterns, ref_patterns):  # per length: [batch, layer, head, q, k]
+        for i, (rl, rh) in enumerate(active):
+            target = s[:, rl, rh, 1:]  # queries without BOS
+            single[i] += pattern_overlap(a[:, :, :, 1:], target[:, None, None]).mean(0) / len(batches)
+            for la in range(n_layers):
+                for lb in range(la + 1, n_layers):
+                    # head g of layer lb reading through head h of layer la: q -> j -> k, j any position
+                    composite = torch.einsum("ngqj,nhjk->nghqk", a[:, lb, :, 1:], a[:, la])
+                    paths[i, lb, :, la, :] += pattern_overlap(composite, target[:, None, None]).mean(0) / len(batches)
+    labels = []
+    for i, (rl, rh) in enumerate(active):
+        ref = f"L{rl}H{rh}"
+        best = int(single[i].argmax())
+        out[f"tracr/attn_match/{ref}"] = float(single[i].flatten()[best])
+        labels.append(f"{ref}=L{best // n_heads}H{best % n_heads}")
+        if n_layers > 1:
+            flat = int(paths[i].argmax())
+            lb, hb, la, ha = (int(v) for v in torch.unravel_index(torch.tensor(flat), paths[i].shape))
+            out[f"tracr/attn_match/{ref}/path"] = float(paths[i].flatten()[flat])
+            labels.append(f"{ref}=L{la}H{ha}>L{lb}H{hb}")
+    out["attn_match"] = single
+    out["match_heads"] = labels
+
+    for key, value in variable_probes(model, task, batches, resid, ridge).items():
+        out[f"tracr/probe/{key}"] = value
+    if baseline:
+        cache_key = (task.program.name, task.program.vocab, task.program.max_seq_len, per_length, ridge,
+                     repr(sorted((k, str(v)) for k, v in vars(model.cfg).items() if k != "seed")))
+        if cache_key not in _BASELINES:
+            fresh = fresh_model(model)
+            _, _, fresh_resid = _run(fresh, batches, sites)
+            _BASELINES[cache_key] = variable_probes(fresh, task, batches, fresh_resid, ridge)
+        for key, value in _BASELINES[cache_key].items():
+            out[f"tracr/probe_baseline/{key}"] = value
+
+    matrix = torch.tensor([[linear_cka(resid[s], ref_resid[r]) for r in ref_sites] for s in sites])
+    for s, row in zip(sites, matrix):
+        out[f"tracr/cka/{site_name(s)}"] = float(row.max())
+    out["cka"] = matrix
+    out["cka_sites"] = [site_name(s) for s in sites] + [f"compiled.{site_name(r)}" for r in ref_sites]
+    return out

@@ -1,0 +1,96 @@
+"""The learned-vs-compiled probes on real compiled programs: the compiled model against
+itself, a random model, the necessity of compiled components, and the errors."""
+
+import pytest
+import torch
+
+from phasewatch.probes.ablation import ablation_probe
+from phasewatch.probes.tracr_match import tracr_probe
+from phasewatch.tasks import ConfigError
+from phasewatch.tasks.rasp import RaspTask
+from phasewatch.trainers.model import ModelConfig, build_model
+
+
+@pytest.fixture(scope="module")
+def task():
+    return RaspTask(program="reverse", vocab=[1, 2, 3], max_seq_len=5)
+
+
+def test_the_compiled_model_matches_itself(reverse, task):
+    _, bridge, layout, cache = reverse
+    with torch.no_grad():
+        out = tracr_probe(bridge, task, cache_dir=str(cache))
+    assert out["tracr/agreement"] == 1.0
+    assert all(out[f"tracr/agreement/len{n}"] == 1.0 for n in range(1, 6))
+    # its two non-empty attention layers: L0 (length, uniform) and L3 (the reversal lookup)
+    assert {k for k in out if k.startswith("tracr/attn_match/") and not k.endswith("/path")} == {
+        "tracr/attn_match/L0H0", "tracr/attn_match/L3H0"}
+    assert out["tracr/attn_match/L3H0"] == pytest.approx(1.0) and out["tracr/attn_match/L0H0"] == pytest.approx(1.0)
+    assert "L3H0=L3H0" in out["match_heads"]
+    cka = out["cka"]
+    assert cka.shape == (9, 9) and torch.allclose(cka.diagonal(), torch.ones(9, dtype=cka.dtype), atol=1e-6)
+    # each variable becomes decodable exactly where the compiled layout writes it
+    assert out["tracr/probe/reverse/resid_mid3"] == 1.0 and out["tracr/probe/reverse/resid_pre3"] < 0.6
+    assert out["tracr/probe/opp_idx/resid_pre2"] == 1.0
+    assert out["tracr/probe/length/resid_pre1"] == 1.0
+
+
+def test_a_random_model_agrees_at_chance_and_length_is_decodable_at_initialisation(reverse, task):
+    _, _, _, cache = reverse
+    model = build_model(ModelConfig(attention="bidirectional", seed=3), task).eval()
+    with torch.no_grad():
+        out = tracr_probe(model, task, cache_dir=str(cache))
+    assert abs(out["tracr/agreement"] - 1 / 3) < 0.1  # 3 output values
+    assert out["tracr/attn_match/L3H0"] < 0.5
+    # REFERENCE.md: length is linearly decodable from a randomly initialised model;
+    # the baseline (a fresh initialisation) says so too
+    assert out["tracr/probe_baseline/length/resid_post1"] > 0.9
+    assert out["tracr/probe/length/resid_post1"] > 0.9
+    assert out["tracr/probe_baseline/reverse/resid_post1"] < 0.8  # the answer itself is not
+    assert set(k.replace("probe_baseline", "probe") for k in out if "probe_baseline" in k) == {
+        k for k in out if k.startswith("tracr/probe/")}
+
+
+def test_ablation_finds_exactly_the_non_empty_compiled_components(reverse, task):
+    _, bridge, layout, _ = reverse
+    out = ablation_probe(bridge, task)
+    non_empty = {f"L{i}.{part}" for i, layer in enumerate(layout["layers"]) for part in ("attn", "mlp")
+                 if not layer[part]["empty"]}
+    assert non_empty == {"L0.attn", "L0.mlp", "L1.mlp", "L2.mlp", "L3.attn"}
+    necessary = {c for c in out["necessary_components"] if "." in c}
+    assert necessary == non_empty
+    for component in {f"L{i}.{part}" for i in range(4) for part in ("attn", "mlp")} - non_empty:
+        assert out[f"ablation/{component}/acc"] == 1.0 and out[f"ablation/{component}/loss_delta"] == pytest.approx(0, abs=1e-9)
+    assert out["ablation/L3.attn/acc"] == pytest.approx(1 / 3, abs=0.05)  # without the lookup: chance
+
+
+def test_an_ablated_head_outputs_its_mean_or_zero(task):
+    from phasewatch.probes.ablation import _replace, position_means
+
+    model = build_model(ModelConfig(attention="bidirectional", seed=1), task).eval()
+    batches = task.val_batches()
+    hook = "blocks.1.attn.hook_z"
+    means = position_means(model, batches, {hook})
+    batch = batches[2]
+    seen = {}
+
+    def record(value, hook=None):
+        seen["z"] = value.detach().clone()
+
+    with torch.no_grad():
+        _, clean = model.run_with_cache(batch.tokens, names_filter=lambda n: n == hook)
+        model.run_with_hooks(batch.tokens, fwd_hooks=[(hook, _replace(means[hook][:4, 2], 2)), (hook, record)])
+    z = seen["z"]
+    assert torch.allclose(z[:, :, 2], means[hook][:4, 2].expand_as(z[:, :, 2]))
+    assert torch.equal(z[:, :, [0, 1, 3]], clean[hook][:, :, [0, 1, 3]])
+    # the mean is over every held-out sequence with that position, not over this batch
+    everything = torch.cat([model.run_with_cache(b.tokens, names_filter=lambda n: n == hook)[1][hook][:, 1]
+                            for b in batches if b.tokens.shape[1] > 1])
+    assert torch.allclose(means[hook][1], everything.mean(0), atol=1e-5)
+
+
+def test_a_causal_model_cannot_be_compared_with_a_non_causal_program(reverse, task):
+    model = build_model(ModelConfig(attention="bidirectional"), task)
+    model.cfg.attention_dir = "causal"  # a model built elsewhere, causal
+    with pytest.raises(ConfigError, match="bidirectional"):
+        tracr_probe(model, task, cache_dir=str(reverse[3]))

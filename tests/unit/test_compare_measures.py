@@ -1,0 +1,48 @@
+"""Known answers for the learned-vs-compiled measures (probes/tracr_match.py)."""
+
+import pytest
+import torch
+
+from phasewatch.probes.tracr_match import linear_cka, pattern_overlap, probe_accuracy, site_name
+
+
+def test_pattern_overlap_is_one_for_equal_patterns_and_the_target_mass_for_one_hot():
+    g = torch.Generator().manual_seed(0)
+    a = torch.softmax(torch.randn(3, 5, 6, generator=g), -1)
+    assert torch.allclose(pattern_overlap(a, a), torch.ones(3), atol=1e-12)
+    target = torch.zeros(5, 6)
+    target[torch.arange(5), torch.tensor([5, 4, 3, 2, 1])] = 1.0  # a reversal lookup
+    expected = a[:, torch.arange(5), torch.tensor([5, 4, 3, 2, 1])].mean(-1)
+    assert torch.allclose(pattern_overlap(a, target), expected)
+    assert torch.allclose(pattern_overlap(a, target), (a * target).sum(-1).mean(-1))  # REFERENCE's sum_k A S
+    uniform = torch.full((5, 6), 1 / 6)
+    assert float(pattern_overlap(target, uniform)) == pytest.approx(1 / 6)
+
+
+def test_linear_cka_known_answers():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 8, generator=g, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(8, 8, generator=g, dtype=torch.float64))
+    assert linear_cka(x, x) == pytest.approx(1.0)
+    assert linear_cka(x, 3.0 * x @ q + 5.0) == pytest.approx(1.0)  # rotation, scale and shift invariant
+    assert linear_cka(x, torch.cat([x, torch.zeros(400, 3, dtype=torch.float64)], 1)) == pytest.approx(1.0)
+    y = torch.randn(400, 8, generator=g, dtype=torch.float64)
+    assert linear_cka(x, y) < 0.1  # independent representations
+    # half of the directions shared: CKA of [a, b] with [a, c] for independent isotropic blocks is 1/2
+    a, b, c = (torch.randn(20000, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    assert linear_cka(torch.cat([a, b], 1), torch.cat([a, c], 1)) == pytest.approx(0.5, abs=0.02)
+
+
+def test_linear_probe_reads_linear_codes_and_not_noise():
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 4, (600,), generator=g)
+    codes = torch.randn(4, 16, generator=g)
+    x = codes[labels] + 0.1 * torch.randn(600, 16, generator=g)
+    assert probe_accuracy(x[:300], labels[:300], x[300:], labels[300:]) == 1.0
+    noise = torch.randn(600, 16, generator=g)
+    assert abs(probe_accuracy(noise[:300], labels[:300], noise[300:], labels[300:]) - 0.25) < 0.1
+
+
+def test_site_names_follow_transformer_lens_hooks():
+    assert site_name("blocks.0.hook_resid_pre") == "resid_pre0"
+    assert site_name("blocks.3.hook_resid_post") == "resid_post3"
