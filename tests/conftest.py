@@ -1,6 +1,9 @@
 """Test tiers: unit/ (fast, known answers), integration/ (real Trainer), slow/ (--runslow)."""
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,10 @@ SHARED_REFERENCE = REPO.parent / "shared" / "reference"
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# compiled tracr references: one cache for the session (also for runs started in subprocesses)
+TRACR_CACHE = Path(tempfile.mkdtemp(prefix="phasewatch-tracr-"))
+atexit.register(shutil.rmtree, TRACR_CACHE, True)
+os.environ["PHASEWATCH_TRACR_CACHE"] = str(TRACR_CACHE)
 
 
 def pytest_addoption(parser):
@@ -34,9 +41,9 @@ def reference_dir():
 
 
 @pytest.fixture(scope="session")
-def tracr_cache(tmp_path_factory):
+def tracr_cache():
     """One disk cache of compiled tracr references for the whole test session."""
-    return tmp_path_factory.mktemp("tracr-cache")
+    return TRACR_CACHE
 
 
 @pytest.fixture(scope="session")

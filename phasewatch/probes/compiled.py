@@ -8,12 +8,20 @@ nor JAX).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from phasewatch.tasks.base import ConfigError
 
 
-def compiled_reference(program, cache_dir: str = "~/.cache/phasewatch/tracr", verify_limit: int = 2000):
+def default_cache_dir() -> str:
+    """Where compiled references are cached: $PHASEWATCH_TRACR_CACHE, else
+    ~/.cache/phasewatch/tracr."""
+    return os.environ.get("PHASEWATCH_TRACR_CACHE") or "~/.cache/phasewatch/tracr"
+
+
+def compiled_reference(program, cache_dir: str | None = None, verify_limit: int = 2000):
     """The tracr-compiled model of `program` (a `tracr_programs.Program`) as a
     TransformerBridge, and a description of its layout.
 
@@ -37,6 +45,7 @@ def compiled_reference(program, cache_dir: str = "~/.cache/phasewatch/tracr", ve
     if not program.categorical:
         raise ConfigError("data.task.program", f"{program.name!r} has numerical outputs, which the TransformerLens "
                           "converter cannot unembed", "Compare with a categorical program (reverse, sort, hist, ...).")
+    cache_dir = cache_dir or default_cache_dir()
     key = f"{program.name}|{list(program.vocab)}|{program.max_seq_len}|{tracr_programs.tracr_version()}"
     path = Path(cache_dir).expanduser() / f"{program.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
     if path.exists():

@@ -30,8 +30,8 @@ Keys: `tracr/agreement`, `tracr/agreement/len<n>`, `tracr/attn_match/<ref head>`
 `tracr/probe_baseline/<variable>/<site>`, `tracr/cka/<site>` (the best compiled site
 for each learned site); sites are `resid_pre<l>`, `resid_mid<l>`, `resid_post<l>`
 (TransformerLens hook names). Arrays: `cka` [learned site, compiled site],
-`cka_sites` (the learned then the compiled site names), `attn_match`
-[ref head, layer, head], `match_heads` (`<ref>=<best head>` and
+`cka_labels` (the learned then the compiled site names), `attn_match`
+[ref head, layer, head] with `attn_match_labels`, `match_heads` (`<ref>=<best head>` and
 `<ref>=<path>`; printed when they change).
 
 Fails with ConfigError for a task without a RASP program, a causal model compared with
@@ -50,7 +50,6 @@ from torch import Tensor
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import Batch, ConfigError, Task
 
-DEFAULT_CACHE = "~/.cache/phasewatch/tracr"
 BASELINE_SEED = 12345
 _REFERENCES: dict[tuple, tuple] = {}
 _BASELINES: dict[tuple, dict[str, float]] = {}
@@ -155,12 +154,13 @@ def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], l
 
 # --- the probe -----------------------------------------------------------------------
 
-def compiled_for(task: Task, cache_dir: str = DEFAULT_CACHE):
+def compiled_for(task: Task, cache_dir: str | None = None):
     """The task's compiled reference bridge and layout (compiled once per process and
     cached on disk)."""
-    from phasewatch.probes.compiled import compiled_reference
+    from phasewatch.probes.compiled import compiled_reference, default_cache_dir
 
     program = task.program
+    cache_dir = cache_dir or default_cache_dir()
     key = (program.name, program.vocab, program.max_seq_len, cache_dir)
     if key not in _REFERENCES:
         bridge, layout = compiled_reference(program, cache_dir=cache_dir)
@@ -217,10 +217,11 @@ def _applies(task: Task) -> bool:
 
 
 @register_probe("tracr", applies_to=_applies)
-def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, cache_dir: str = DEFAULT_CACHE,
+def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, cache_dir: str | None = None,
                 baseline: bool = True) -> dict[str, Any]:
     """Compare with the compiled model (keys in the module docstring). Options:
-    per_length (inputs per length), ridge, cache_dir (compiled references), baseline
+    per_length (inputs per length), ridge, cache_dir (compiled references; default
+    $PHASEWATCH_TRACR_CACHE or ~/.cache/phasewatch/tracr), baseline
     (also probe a fresh initialisation). Default for RASP tasks with categorical outputs
     (the TransformerLens converter unembeds only categories); the first use of a program
     compiles it (15-60 s), later ones load it from the disk cache."""
@@ -265,6 +266,8 @@ def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, ca
             out[f"tracr/attn_match/{ref}/path"] = float(paths[i].flatten()[flat])
             labels.append(f"{ref}=L{la}H{ha}>L{lb}H{hb}")
     out["attn_match"] = single
+    out["attn_match_labels"] = [f"compiled L{rl}H{rh}" for rl, rh in active] + [
+        f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
     out["match_heads"] = labels
 
     for key, value in variable_probes(model, task, batches, resid, ridge).items():
@@ -283,5 +286,5 @@ def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, ca
     for s, row in zip(sites, matrix):
         out[f"tracr/cka/{site_name(s)}"] = float(row.max())
     out["cka"] = matrix
-    out["cka_sites"] = [site_name(s) for s in sites] + [f"compiled.{site_name(r)}" for r in ref_sites]
+    out["cka_labels"] = [site_name(s) for s in sites] + [f"compiled {site_name(r)}" for r in ref_sites]
     return out

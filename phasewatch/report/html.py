@@ -38,10 +38,12 @@ def _arrays(run_dir: Path) -> dict[str, dict]:
         mats, steps = [], []
         for f in files:
             a = np.load(f, allow_pickle=False)
-            if a.dtype.kind not in "fiu" or a.ndim not in (1, 2, 4) or a.size == 0:
+            if a.dtype.kind not in "fiu" or a.ndim not in (1, 2, 3, 4) or a.size == 0:
                 break
             if a.ndim == 4:  # [layer, head, layer, head] -> (layer*head) x (layer*head)
                 a = a.reshape(a.shape[0] * a.shape[1], a.shape[2] * a.shape[3])
+            if a.ndim == 3:  # e.g. [reference head, layer, head] -> reference head x (layer*head)
+                a = a.reshape(a.shape[0], -1)
             if a.ndim == 1:
                 a = a[None, :]
             finite = np.isfinite(a)
@@ -50,8 +52,18 @@ def _arrays(run_dir: Path) -> dict[str, dict]:
             mats.append(cells.tolist())
             steps.append(int(f.stem.split("=")[1]))
         if mats and all(np.shape(m) == np.shape(mats[0]) for m in mats):
-            out[f"{folder.parent.name}/{folder.name}"] = {"steps": steps, "data": mats}
+            out[f"{folder.parent.name}/{folder.name}"] = {"steps": steps, "data": mats, **_labels(folder, mats[0])}
     return out
+
+
+def _labels(folder: Path, matrix: list) -> dict:
+    """Row and column names from a sibling `<key>_labels` array (rows first), if any."""
+    files = sorted((folder.parent / f"{folder.name}_labels").glob("step=*.npy"))
+    if not files:
+        return {}
+    names = [str(x) for x in np.load(files[-1], allow_pickle=False).tolist()]
+    rows, cols = len(matrix), len(matrix[0])
+    return {"rows": names[:rows], "cols": names[rows:rows + cols]} if len(names) == rows + cols else {}
 
 
 def build_report(run_dir: str | Path, live: bool = False) -> str:
@@ -164,7 +176,8 @@ function heatColor(v, lo, hi) {
 function drawArray(name, A) {
   const box = el("div", {className: "panel"}, document.getElementById("arrays"));
   el("div", {textContent: name, style: "font-weight:600;font-size:13px"}, box);
-  const cv = el("canvas", {width: 320, height: 240}, box); cv.dataset.array = name;
+  const ml = A.rows ? 84 : 0, mb = A.cols ? 70 : 0;  // margins for row and column names
+  const cv = el("canvas", {width: 320 + ml, height: 240 + mb}, box); cv.dataset.array = name;
   const label = el("div", {className: "note"}, box);
   const slider = el("input", {type: "range", min: 0, max: A.steps.length - 1, value: A.steps.length - 1, style: "width:300px"}, box);
   slider.dataset.array = name;
@@ -173,8 +186,11 @@ function drawArray(name, A) {
   function render() {
     const m = A.data[+slider.value], g = cv.getContext("2d");
     g.clearRect(0, 0, cv.width, cv.height);
-    const rows = m.length, cols = m[0].length, cw = cv.width / cols, ch = cv.height / rows;
-    m.forEach((row, i) => row.forEach((v, j) => { g.fillStyle = heatColor(v, lo, hi); g.fillRect(j * cw, i * ch, Math.ceil(cw), Math.ceil(ch)); }));
+    const rows = m.length, cols = m[0].length, cw = (cv.width - ml) / cols, ch = (cv.height - mb) / rows;
+    m.forEach((row, i) => row.forEach((v, j) => { g.fillStyle = heatColor(v, lo, hi); g.fillRect(ml + j * cw, i * ch, Math.ceil(cw), Math.ceil(ch)); }));
+    g.fillStyle = "#333"; g.font = "10px sans-serif";
+    if (A.rows) { g.textAlign = "right"; A.rows.forEach((t, i) => g.fillText(t, ml - 4, i * ch + ch / 2 + 3)); }
+    if (A.cols) A.cols.forEach((t, j) => { g.save(); g.translate(ml + j * cw + cw / 2 + 3, cv.height - mb + 4); g.rotate(Math.PI / 2); g.textAlign = "left"; g.fillText(t, 0, 0); g.restore(); });
     label.textContent = `step ${A.steps[+slider.value]} (checkpoint ${+slider.value + 1} of ${A.steps.length}); colour range ${lo.toPrecision(3)} to ${hi.toPrecision(3)}`;
   }
   slider.addEventListener("input", render); render();

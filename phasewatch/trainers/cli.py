@@ -305,7 +305,8 @@ def compile_command(argv: list[str]) -> int:
     parser.add_argument("program")
     parser.add_argument("--vocab", default=None, help="JSON list of token values, e.g. '[1, 2, 3]'")
     parser.add_argument("--max-seq-len", type=int, default=None)
-    parser.add_argument("--cache-dir", default="~/.cache/phasewatch/tracr")
+    parser.add_argument("--cache-dir", default=None,
+                        help="compiled-model cache (default: $PHASEWATCH_TRACR_CACHE or ~/.cache/phasewatch/tracr)")
     args = parser.parse_args(argv)
     from phasewatch.tasks.tracr_programs import load_program
     from phasewatch.probes.compiled import compiled_reference

@@ -8,7 +8,7 @@ import yaml
 
 from phasewatch.trainers.cli import main
 
-REPO_CONFIGS = ["quickstart", "grokking_nanda2023", "digit_addition", "induction_2l", "reverse"]
+REPO_CONFIGS = ["quickstart", "grokking_nanda2023", "digit_addition", "induction_2l", "reverse", "sort", "hist"]
 
 
 @pytest.mark.parametrize("args,field", [

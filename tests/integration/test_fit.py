@@ -25,7 +25,7 @@ TASKS = {
     "induction": ["--data.task", "Induction", "--data.task.vocab_size", "10", "--data.task.seq_len", "13",
                   "--data.task.max_len", "6", "--data.task.batch_size", "8", "--data.task.n_val", "16"],
     "rasp": ["--data.task", "RaspTask", "--data.task.program", "reverse", "--data.task.vocab", "[1, 2, 3]",
-             "--data.task.max_seq_len", "4", "--data.task.batch_size", "8"],
+             "--data.task.max_seq_len", "5", "--data.task.batch_size", "8"],
 }
 
 

@@ -94,3 +94,25 @@ def test_a_causal_model_cannot_be_compared_with_a_non_causal_program(reverse, ta
     model.cfg.attention_dir = "causal"  # a model built elsewhere, causal
     with pytest.raises(ConfigError, match="bidirectional"):
         tracr_probe(model, task, cache_dir=str(reverse[3]))
+
+
+def test_comparison_during_training_fills_the_run_folder_and_report(tmp_path):
+    from phasewatch.report.html import _arrays
+    from phasewatch.trainers.cli import main
+    from phasewatch.trainers.run_store import read_jsonl
+
+    run = tmp_path / "run"
+    assert main(["fit", "--config", "configs/reverse.yaml", "--data.task.vocab", "[1, 2, 3]",
+                 "--data.task.max_seq_len", "5", "--trainer.max_steps", "30", "--trainer.val_check_interval", "10",
+                 "--probes.schedule", '{"kind": "list", "steps": [0, 15, 30]}', "--run_dir", str(run), "--no_wandb",
+                 "--trainer.enable_progress_bar", "false"]) == 0
+    records = list(read_jsonl(run / "metrics.jsonl"))
+    measured = [r["step"] for r in records if "tracr/agreement" in r]
+    assert measured == [0, 15, 30]
+    assert all(any(k.startswith("ablation/L1H") for k in r) for r in records if "tracr/agreement" in r)
+    assert all("tracr/probe_baseline/length/resid_post1" in r for r in records if "tracr/agreement" in r)
+    arrays = _arrays(run)
+    cka = arrays["tracr/cka"]
+    assert cka["steps"] == [0, 15, 30] and len(cka["data"][0]) == 5 and len(cka["data"][0][0]) == 9
+    assert cka["rows"][0] == "resid_pre0" and cka["cols"][-1] == "compiled resid_post3"
+    assert arrays["tracr/attn_match"]["rows"] == ["compiled L0H0", "compiled L3H0"]
