@@ -126,9 +126,11 @@ def write_csv(columns: list[str], rows: list[dict[str, Any]], path: str | os.Pat
     return path
 
 
-def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.PathLike, max_panels: int = 6) -> Path:
-    """One panel per transition column: its step against the first varying parameter,
-    one colour (and a line through the means) per value of the second."""
+def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.PathLike, max_panels: int = 6,
+                 x: str | None = None, hue: str | None = None) -> Path:
+    """One panel per transition column: its step against parameter `x` (default: the
+    first varying one), one colour (and a line through the means) per value of `hue`
+    (default: the next varying one)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,14 +139,15 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
     transitions = [c for c in columns if c.endswith((" up", " down"))][:max_panels]
     params = [c for c in columns[2:] if not c.startswith("final ") and c not in transitions
               and not c.endswith((" up", " down")) and len({_cell(r.get(c)) for r in rows}) > 1]
-    x_key = params[0] if params else "run"
-    colour_key = params[1] if len(params) > 1 else None
+    x_key = x or (params[0] if params else "run")
+    rest = [p for p in params if p != x_key]
+    colour_key = hue or (rest[0] if rest else None)
     x_values = _ordered({r.get(x_key) for r in rows})
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x_values)
     n = max(1, len(transitions))
     cols = min(3, n)
     fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4.6 * cols, 3.6 * ((n + cols - 1) // cols)),
-                             squeeze=False)
+                             squeeze=False, sharex=True)
     groups = _ordered({r.get(colour_key) for r in rows}) if colour_key else [None]
     for ax, column in zip(axes.flat, transitions):
         for g, group in enumerate(groups):
@@ -190,6 +193,8 @@ def compare_command(argv: list[str]) -> int:
         description="One table of runs' hyperparameters and detected transition steps, as CSV and as a plot.")
     parser.add_argument("paths", nargs="+", help="run folders and/or sweep folders")
     parser.add_argument("--keys", nargs="*", help=f"series to compare (default: those of {', '.join(HEADLINE_KEYS)})")
+    parser.add_argument("--x", default=None, help="parameter on the plot's x axis (default: the first that varies)")
+    parser.add_argument("--hue", default=None, help="parameter that colours the points (default: the next one)")
     parser.add_argument("--out", default=None,
                         help="output path without suffix (default: <sweep folder>/compare, or ./compare)")
     args = parser.parse_args(argv)
@@ -205,7 +210,11 @@ def compare_command(argv: list[str]) -> int:
     for row in rows:
         print("  ".join(_cell(row.get(c)).ljust(widths[c]) for c in columns))
     print(write_csv(columns, rows, out.with_suffix(".csv")))
-    print(plot_compare(columns, rows, out.with_suffix(".png")))
+    for name in (args.x, args.hue):
+        if name is not None and name not in columns:
+            print(f"phasewatch: error: no column {name!r}; the table has: {', '.join(columns)}", file=sys.stderr)
+            return 2
+    print(plot_compare(columns, rows, out.with_suffix(".png"), x=args.x, hue=args.hue))
     return 0
 
 

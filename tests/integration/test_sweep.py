@@ -201,3 +201,9 @@ def test_a_run_started_by_wandb_agent_takes_the_agents_run_id(tmp_path, monkeypa
     monkeypatch.delenv("WANDB_SWEEP_ID")
     monkeypatch.delenv("WANDB_RUN_ID")
     assert default_run_dir("induction").parent == Path("runs")
+
+
+def test_without_the_sweep_engine_the_error_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sweeps", None)  # import sweeps -> ImportError
+    assert main(["sweep", str(SWEEP_FILES[0]), "--dry-run"]) == 2
+    assert "pip install --no-deps sweeps==0.3.0" in capsys.readouterr().err
