@@ -26,7 +26,7 @@ KNOWN_PANELS = [  # (title, key prefix or exact keys, y scale)
     ("previous-token score per head", "heads/prev_token/L", "linear"),
     ("composition: maximum per kind and random baseline", ("comp/k/max", "comp/q/max", "comp/v/max", "comp/baseline"), "linear"),
 ]
-SKIP = ("lr", "val/seq_acc", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/", "comp/",
+SKIP = ("lr", "val/seq_acc", "tracr/", "ablation/", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/", "comp/",
         "heads/", "icl/loss_gap")
 
 

@@ -164,14 +164,20 @@ def list_tasks() -> None:
 def plot_command(argv: list[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="phasewatch plot", description="Draw a run folder's curves as a PNG.")
+    parser = argparse.ArgumentParser(
+        prog="phasewatch plot",
+        description="Draw a run folder's curves as a PNG (and, for RASP runs, RUN_DIR/figures/tracr.png: learned vs compiled).")
     parser.add_argument("run_dir")
     parser.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/figures/curves.png)")
     args = parser.parse_args(argv)
+    from phasewatch.report.comparison import plot_comparison
     from phasewatch.report.curves import plot_run
 
     try:
         print(plot_run(args.run_dir, args.out))
+        comparison = plot_comparison(args.run_dir)  # RASP runs: learned vs compiled
+        if comparison is not None:
+            print(comparison)
     except FileNotFoundError as err:
         print(f"phasewatch: error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,122 @@
+"""The learned-vs-compiled figure of a RASP run: `RUN_DIR/figures/tracr.png`.
+
+Six panels over training (log-step axis): behavioural agreement with the compiled model
+per input length; attention match of each compiled head (best single learned head,
+solid; best two-head path, dashed); each RASP variable's best linear-probe accuracy over
+the learned residual sites, with the fresh-initialisation baseline dotted; accuracy with
+each component ablated; and the CKA matrix (learned x compiled residual sites) at the
+first and the last checkpoint. `phasewatch plot RUN_DIR` draws it when the run has
+`tracr/` values (the `tracr` probe, default for RASP tasks).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from phasewatch.report.series import load_series
+
+
+def _by(pattern: str, data: dict) -> dict[str, tuple]:
+    out = {}
+    for key, series in data.items():
+        match = re.fullmatch(pattern, key)
+        if match:
+            out[match.group(1)] = series
+    return out
+
+
+def _cka(run_dir: Path, which: int) -> tuple[int, np.ndarray, list[str], list[str]] | None:
+    files = sorted((run_dir / "arrays" / "tracr" / "cka").glob("step=*.npy"))
+    if not files:
+        return None
+    f = files[which]
+    matrix = np.load(f)
+    labels_file = run_dir / "arrays" / "tracr" / "cka_labels" / f.name
+    names = [str(x) for x in np.load(labels_file).tolist()] if labels_file.exists() else []
+    rows, cols = (names[:matrix.shape[0]], names[matrix.shape[0]:]) if len(names) == sum(matrix.shape) else ([], [])
+    return int(f.stem.split("=")[1]), matrix, rows, [c.removeprefix("compiled ") for c in cols]
+
+
+def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
+    """Draw the figure; None when the run has no `tracr/` values."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    data = load_series(run_dir)
+    if "tracr/agreement" not in data:
+        return None
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8.4))
+
+    def curve(ax, series, **kw):
+        steps, values = series
+        ax.plot([max(s, 1) for s in steps], values, **kw)
+
+    ax = axes[0, 0]
+    for length, series in sorted(_by(r"tracr/agreement/len(\d+)", data).items(), key=lambda kv: int(kv[0])):
+        curve(ax, series, label=f"length {length}", lw=1.2)
+    curve(ax, data["tracr/agreement"], label="mean over lengths", color="k", lw=2)
+    ax.set_title("agreement with the compiled model", loc="left", fontsize=10)
+
+    ax = axes[0, 1]
+    for i, (ref, series) in enumerate(sorted(_by(r"tracr/attn_match/(L\d+H\d+)", data).items())):
+        curve(ax, series, label=f"compiled {ref}: best head", color=f"C{i}", lw=1.6)
+        if f"tracr/attn_match/{ref}/path" in data:
+            curve(ax, data[f"tracr/attn_match/{ref}/path"], label=f"compiled {ref}: best path", color=f"C{i}", ls="--")
+    ax.set_title("attention match (overlap with the compiled pattern)", loc="left", fontsize=10)
+
+    ax = axes[0, 2]
+    probes, baselines = defaultdict(list), defaultdict(list)
+    for key, series in data.items():
+        match = re.fullmatch(r"tracr/(probe|probe_baseline)/(.+)/(resid_\w+)", key)
+        if match:
+            (probes if match.group(1) == "probe" else baselines)[match.group(2)].append(series)
+    for i, (name, group) in enumerate(sorted(probes.items())):
+        steps = group[0][0]
+        best = np.max([v for _, v in group], axis=0)
+        ax.plot([max(s, 1) for s in steps], best, color=f"C{i}", label=name, lw=1.6)
+        if baselines.get(name):
+            ax.axhline(np.max([v[-1] for _, v in baselines[name]]), color=f"C{i}", ls=":", lw=1.2)
+    ax.set_title("variable probes: best site (dotted: fresh-init baseline)", loc="left", fontsize=10)
+
+    ax = axes[1, 0]
+    for i, (component, series) in enumerate(sorted(_by(r"ablation/([^/]+)/acc", data).items())):
+        curve(ax, series, label=component, lw=1.8 if "." in component else 1.0, ls="-" if "." in component else "--")
+    ax.set_title("accuracy with one component mean-ablated", loc="left", fontsize=10)
+
+    for ax in (axes[0, 0], axes[0, 1], axes[0, 2], axes[1, 0]):
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3, which="both")
+        ax.set_xlabel("step")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best", ncol=2 if len(ax.get_legend_handles_labels()[0]) > 6 else 1)
+
+    for ax, which, title in ((axes[1, 1], 0, "first"), (axes[1, 2], -1, "last")):
+        found = _cka(run_dir, which)
+        if found is None:
+            ax.set_visible(False)
+            continue
+        step, matrix, rows, cols = found
+        image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        ax.set_xticks(range(len(cols)), cols, fontsize=7, rotation=60, ha="right")
+        ax.set_ylabel("learned site")
+        ax.set_xlabel("compiled site")
+        ax.set_title(f"linear CKA at the {title} checkpoint (step {step})", loc="left", fontsize=10)
+        for (r, c), v in np.ndenumerate(matrix):
+            ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
+        fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.suptitle(f"{run_dir.name}: learned vs compiled", fontsize=11)
+    fig.tight_layout()
+    out = Path(out) if out else run_dir / "figures" / "tracr.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
