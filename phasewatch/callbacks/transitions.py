@@ -23,7 +23,11 @@ from phasewatch.probes.transitions import detect_transitions
 SAME = 1.5
 
 #: series watched by default: not the per-head / per-pair / per-frequency details
-DETAIL = re.compile(r"/L\d+H\d+|/key_freq/|/excluded_loss/\d|^lr$")
+# details left out of live detection and the report's panels by default: per-head and
+# per-frequency series (but not the compiled heads of tracr/attn_match), constant
+# baselines, per-length agreement and ablation loss deltas (their accuracies stay)
+DETAIL = re.compile(r"(?<!attn_match)/L\d+H\d+|/key_freq/|/excluded_loss/\d|^lr$|^tracr/probe_baseline/"
+                    r"|^tracr/agreement/len|/loss_delta$")
 
 
 class TransitionWatcher(pl.Callback):

@@ -116,3 +116,5 @@ def test_comparison_during_training_fills_the_run_folder_and_report(tmp_path):
     assert cka["steps"] == [0, 15, 30] and len(cka["data"][0]) == 5 and len(cka["data"][0][0]) == 9
     assert cka["rows"][0] == "resid_pre0" and cka["cols"][-1] == "compiled resid_post3"
     assert arrays["tracr/attn_match"]["rows"] == ["compiled L0H0", "compiled L3H0"]
+    assert main(["plot", str(run)]) == 0  # curves.png and the learned-vs-compiled figure
+    assert (run / "figures" / "tracr.png").stat().st_size > 20_000
