@@ -76,29 +76,34 @@ def estimate_llc(
     per_chain = [nb * (sum(tr) / len(tr) - l_star) for tr in traces]
     mean = sum(per_chain) / len(per_chain)
     std = math.sqrt(sum((x - mean) ** 2 for x in per_chain) / max(len(per_chain) - 1, 1))
-    return {"llc/converged": 1.0, "llc": mean, "llc/std": std, "trace": torch.tensor(traces)}
+    return {"llc/converged": 1.0, "llc": mean, "llc/std": std, "trace": torch.tensor(traces), "loss_star": l_star}
 
 
-def model_llc(model, task, **kwargs) -> dict:
-    """`estimate_llc` of a model's training loss on the task's training batch (the whole
-    set for full-batch tasks, the batch of step 0 for streaming ones)."""
-    import torch.nn.functional as F
+def training_loss_llc(model, task, **kwargs) -> dict:
+    """`estimate_llc`'s output for a model's training loss on the task's training batch
+    (the whole set for full-batch tasks, the batch of step 0 for streaming ones)."""
     from torch.func import functional_call
+
+    from phasewatch.tasks.base import masked_loss
 
     module = getattr(model, "original_model", model)
     names = [name for name, p in module.named_parameters() if p.requires_grad]
     params = dict(module.named_parameters())
     batch = task.train_batch(0, None)
     device = next(module.parameters()).device
-    tokens, targets, mask = batch.tokens.to(device), batch.targets.to(device), batch.loss_mask.to(device)
+    batch = type(batch)(batch.tokens.to(device), batch.targets.to(device), batch.loss_mask.to(device), batch.extras)
 
     def loss_fn(ws):
-        overrides = {**params, **dict(zip(names, ws))}
-        logits = functional_call(module, overrides, (tokens,))
-        return F.cross_entropy(logits[mask].to(task.loss_dtype), targets[mask])
+        logits = functional_call(module, {**params, **dict(zip(names, ws))}, (batch.tokens,))
+        return masked_loss(logits, batch, task.loss_dtype)
 
     with torch.enable_grad():
-        out = estimate_llc(loss_fn, [params[k] for k in names], int(mask.sum()), **kwargs)
+        return estimate_llc(loss_fn, [params[k] for k in names], int(batch.loss_mask.sum()), **kwargs)
+
+
+def model_llc(model, task, **kwargs) -> dict:
+    """The `llc` probe's values: `training_loss_llc` as metric keys and the trace."""
+    out = training_loss_llc(model, task, **kwargs)
     result = {"llc/converged": out["llc/converged"], "trace": out["trace"]}
     if out["llc"] is not None:
         result.update({"llc/estimate": out["llc"], "llc/std": out["llc/std"]})
@@ -109,3 +114,39 @@ def model_llc(model, task, **kwargs) -> dict:
 def llc_probe(model, task, **options) -> dict:
     """`model_llc`; options: chains, draws, burn_in, step_size, gamma, seed."""
     return model_llc(model, task, **options)
+
+
+def calibrate_llc(model, task, step_sizes: Sequence[float] = (1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5), **kwargs) -> list[dict]:
+    """`training_loss_llc` at each SGLD step size (other settings from kwargs), with a drift
+    diagnostic per step size: how far the chains' mean loss still moves between the
+    first and the second half of the draws, relative to its rise above L(w*) (near 0
+    for a chain that has settled, as the estimator assumes).
+
+    How to choose: the largest step size that converges with small drift (< 0.1) and
+    whose estimate agrees with the next smaller step size's; too small a step does not
+    leave w* within the draws (the estimate grows with the step size), too large a step
+    diverges ("did not converge") or drifts."""
+    rows = []
+    for eps in step_sizes:
+        out = training_loss_llc(model, task, step_size=eps, **kwargs)
+        row = {"step_size": eps, "converged": bool(out["llc/converged"]), "llc": out["llc"],
+               "std": out.get("llc/std"), "drift": None}
+        if row["converged"]:
+            trace = out["trace"].double()
+            half = trace.shape[1] // 2
+            rise = (trace.mean() - out["loss_star"]).abs().clamp_min(1e-300)
+            row["drift"] = float((trace[:, half:].mean() - trace[:, :half].mean()).abs() / rise)
+        rows.append(row)
+    return rows
+
+
+def recommend_step_size(rows: list[dict], max_drift: float = 0.1, agree: float = 0.25) -> float | None:
+    """The largest calibrated step size that converged, drifted less than `max_drift`
+    and whose estimate is within `agree` (relative) of the next smaller one's."""
+    ok = [r for r in rows if r["converged"] and r["drift"] is not None and r["drift"] < max_drift and r["llc"] > 0]
+    ok.sort(key=lambda r: r["step_size"])
+    best = None
+    for smaller, larger in zip(ok, ok[1:]):
+        if abs(larger["llc"] - smaller["llc"]) <= agree * abs(smaller["llc"]):
+            best = larger["step_size"]
+    return best

@@ -1,0 +1,56 @@
+"""Calibrate the LLC probe's SGLD step size on a run's own checkpoints.
+
+    python bench/llc_calibration.py runs/<name> [--steps 0 500 3000] [--step-sizes 1e-6 3e-6 ...]
+
+For each chosen checkpoint (default: the first, a middle and the last saved one) and
+each step size: the estimate, its spread across chains, and the drift of the chains'
+mean loss between the two halves of the draws (probes/llc.py: calibrate_llc), then the
+step size `recommend_step_size` picks at every checkpoint. Use the smallest of the
+recommendations for the whole run (`phasewatch analyze RUN --probes llc --options
+'{"llc": {"step_size": ...}}'`), so that one setting is valid at every checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from phasewatch.probes.llc import calibrate_llc, recommend_step_size
+from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir")
+    parser.add_argument("--steps", type=int, nargs="*", help="checkpoint steps (default: first, middle, last)")
+    parser.add_argument("--step-sizes", type=float, nargs="*", default=[1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5])
+    parser.add_argument("--chains", type=int, default=4)
+    parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--burn-in", type=int, default=100)
+    parser.add_argument("--gamma", type=float, default=100.0)
+    args = parser.parse_args()
+    available = checkpoint_steps(args.run_dir)
+    steps = args.steps or sorted({list(available)[0], list(available)[len(available) // 2], list(available)[-1]})
+    module = load_run_module(args.run_dir)
+    picks = []
+    print(f"{'checkpoint':>10s} {'step size':>10s} {'LLC':>10s} {'std':>8s} {'drift':>7s}")
+    for step in steps:
+        module.load_state_dict(torch.load(available[step], map_location="cpu", weights_only=False)["state_dict"])
+        rows = calibrate_llc(module.model, module.task, args.step_sizes, chains=args.chains, draws=args.draws,
+                             burn_in=args.burn_in, gamma=args.gamma)
+        for r in rows:
+            if r["converged"]:
+                print(f"{step:10d} {r['step_size']:10.0e} {r['llc']:10.2f} {r['std']:8.2f} {r['drift']:7.3f}")
+            else:
+                print(f"{step:10d} {r['step_size']:10.0e}   did not converge")
+        pick = recommend_step_size(rows)
+        picks.append(pick)
+        print(f"{step:10d} recommended step size: {pick}")
+    usable = [p for p in picks if p is not None]
+    print(f"for the whole run: step_size {min(usable) if usable else None}, gamma {args.gamma}, "
+          f"chains {args.chains}, draws {args.draws}, burn_in {args.burn_in}")
+
+
+if __name__ == "__main__":
+    main()
