@@ -178,8 +178,12 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_runs(tmp_path):
     assert (tmp_path / "out" / runs[0]["name"] / "metrics.jsonl").read_bytes() == first_metrics
     log = (tmp_path / "out" / "logs" / f"{runs[1]['name']}.log").read_text()
     assert "Restoring states from the checkpoint" in log or "Restored all states" in log
-    steps = [json.loads(line)["step"] for line in (tmp_path / "out" / runs[1]["name"] / "metrics.jsonl").read_text().splitlines()]
-    assert max(steps) == MAX_STEPS and steps == sorted(steps)  # continued, no repeated steps
+    # continued without a gap or a repeat: the same steps and keys as the uninterrupted first run
+    def layout(run):
+        lines = (tmp_path / "out" / run["name"] / "metrics.jsonl").read_text().splitlines()
+        return sorted((r["step"], tuple(sorted(r))) for r in map(json.loads, lines))
+
+    assert layout(runs[1]) == layout(runs[0]) and layout(runs[1])[-1][0] == MAX_STEPS
 
 
 def test_a_run_started_by_wandb_agent_takes_the_agents_run_id(tmp_path, monkeypatch):
