@@ -7,6 +7,7 @@ metrics.jsonl (e.g. `grok/...`). Use it to look at a run, or for the README.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,6 +26,10 @@ KNOWN_PANELS = [  # (title, key prefix or exact keys, y scale)
     ("induction score per head", "heads/induction/L", "linear"),
     ("previous-token score per head", "heads/prev_token/L", "linear"),
     ("composition: maximum per kind and random baseline", ("comp/k/max", "comp/q/max", "comp/v/max", "comp/baseline"), "linear"),
+    ("agreement with the compiled model", ("tracr/agreement",), "linear"),
+    ("attention match with the compiled heads (head; path)", "tracr/attn_match/", "linear"),
+    ("CKA with the compiled residual stream (best compiled site)", "tracr/cka/", "linear"),
+    ("accuracy with one layer mean-ablated", re.compile(r"ablation/L\d+\.(attn|mlp)/acc"), "linear"),
 ]
 SKIP = ("lr", "val/seq_acc", "tracr/", "ablation/", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/", "comp/",
         "heads/", "icl/loss_gap")
@@ -37,7 +42,7 @@ def panel_layout(data: dict) -> list[tuple[str, list[str], str]]:
               ("accuracy", [k for k in ACC_KEYS if k in data], "linear")]
     used = set(LOSS_KEYS) | set(ACC_KEYS)
     for title, keys, yscale in KNOWN_PANELS:
-        chosen = [k for k in sorted(data, key=_natural) if (k.startswith(keys) if isinstance(keys, str) else k in keys)]
+        chosen = [k for k in sorted(data, key=_natural) if _matches(k, keys)]
         panels.append((title, chosen, yscale))
         used |= set(chosen)
     rest: dict[str, list[str]] = defaultdict(list)
@@ -45,6 +50,15 @@ def panel_layout(data: dict) -> list[tuple[str, list[str], str]]:
         if key not in used and not key.startswith(SKIP) and key not in SKIP:
             rest[key.split("/")[0]].append(key)
     return panels + [(fam, keys, "linear") for fam, keys in rest.items()]
+
+
+def _matches(key: str, keys) -> bool:
+    """A panel's keys: a prefix, a regular expression or a tuple of exact keys."""
+    if isinstance(keys, str):
+        return key.startswith(keys)
+    if isinstance(keys, re.Pattern):
+        return bool(keys.fullmatch(key))
+    return key in keys
 
 
 def _natural(key: str):

@@ -12,6 +12,7 @@ Opening it as `report.html#checkpoint=K` puts every slider at checkpoint K.
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 from pathlib import Path
@@ -82,8 +83,12 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
         "arrays": _arrays(run_dir),
     }
     data = json.dumps(payload, allow_nan=False, default=float).replace("</", "<\\/")
+    trajectory = run_dir / "figures" / "trajectory.png"
+    figure = (f'<h2>Checkpoint trajectory</h2><img alt="PCA paths of the checkpoints (phasewatch trajectory)" '
+              f'style="max-width:100%" src="data:image/png;base64,{base64.b64encode(trajectory.read_bytes()).decode()}">'
+              if trajectory.exists() else "")
     refresh = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if live else ""
-    return TEMPLATE.replace("%REFRESH%", refresh).replace("%TITLE%", html.escape(run_dir.name)).replace("%DATA%", data)
+    return TEMPLATE.replace("%REFRESH%", refresh).replace("%TITLE%", html.escape(run_dir.name)).replace("%TRAJECTORY%", figure).replace("%DATA%", data)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, live: bool = False) -> Path:
@@ -113,6 +118,7 @@ td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left} .note{color:
 <div id="panels"></div>
 <h2>Transitions and lead/lag</h2><div id="events"></div>
 <h2>Matrices over checkpoints</h2><div id="arrays"></div>
+%TRAJECTORY%
 <script id="data" type="application/json">%DATA%</script>
 <script>
 "use strict";
@@ -176,7 +182,8 @@ function heatColor(v, lo, hi) {
 function drawArray(name, A) {
   const box = el("div", {className: "panel"}, document.getElementById("arrays"));
   el("div", {textContent: name, style: "font-weight:600;font-size:13px"}, box);
-  const ml = A.rows ? 84 : 0, mb = A.cols ? 70 : 0;  // margins for row and column names
+  const longest = names => Math.max(...names.map(t => t.length));  // margins for row and column names
+  const ml = A.rows ? 6 * longest(A.rows) + 10 : 0, mb = A.cols ? 6 * longest(A.cols) + 10 : 0;
   const cv = el("canvas", {width: 320 + ml, height: 240 + mb}, box); cv.dataset.array = name;
   const label = el("div", {className: "note"}, box);
   const slider = el("input", {type: "range", min: 0, max: A.steps.length - 1, value: A.steps.length - 1, style: "width:300px"}, box);

@@ -27,6 +27,7 @@ commands:
   compile   compile a tracr program, check it, print its layout: phasewatch compile reverse
   sweep     run a W&B sweep file locally: phasewatch sweep sweeps/grokking.yaml [--parallel 2]
   compare   hyperparameters and transition steps of runs or a sweep: phasewatch compare runs/sweep-grokking
+  trajectory  PCA paths of a run's checkpoints (logits, weights): phasewatch trajectory RUN_DIR
   tasks     list the tasks and the tracr programs they can run
 
 phasewatch fit --help lists every configuration flag.
@@ -359,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
             from phasewatch.trainers.sweep import sweep_command
 
             return sweep_command(argv[1:])
+        elif argv[0] == "trajectory":
+            from phasewatch.report.trajectory import trajectory_command
+
+            return trajectory_command(argv[1:])
         elif argv[0] == "compare":
             from phasewatch.report.compare import compare_command
 

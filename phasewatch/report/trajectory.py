@@ -1,0 +1,134 @@
+"""Checkpoint trajectories: where a run's model goes, drawn in two dimensions.
+
+    phasewatch trajectory RUN_DIR [--kind logits|weights|both]
+
+Post hoc, over the run folder's saved checkpoints (`checkpoints/step=<N>.ckpt`): each
+checkpoint becomes one vector, either (a) its log-probabilities at every answer position
+of a fixed evaluation set (the task's held-out batches, at most `max_rows` sequences;
+log-softmax removes the logits' free shift) or (b) all of its weights flattened. PCA of
+these vectors across checkpoints (centred, by SVD) gives a 2-D path coloured by step;
+the phase transitions detected offline in the run's headline series (`val/loss`,
+`train/loss`, `val/acc`, ...) are marked at their midpoints. Phases of training show as
+segments of the path with different directions (Nanda et al. 2023 and Olsson et al. 2022
+draw such PCA paths of logits and weights over checkpoints).
+
+Writes `RUN_DIR/figures/trajectory.png` and `RUN_DIR/arrays/trajectory/<kind>/pca.npy`
+(rows: checkpoints in step order; columns: step, PC1, PC2); the HTML report shows the
+figure when it exists. Fails with a clear error when the run has fewer than three
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from phasewatch.tasks.base import ConfigError
+
+KINDS = ("logits", "weights")
+MARKED = ("val/loss", "train/loss", "val/acc", "train/acc", "grok/restricted_loss", "grok/excluded_loss",
+          "icl/loss_gap", "tracr/agreement")
+
+
+def checkpoint_vectors(run_dir: str | os.PathLike, kind: str, max_rows: int = 512) -> tuple[list[int], np.ndarray]:
+    """(steps, one row per checkpoint) for `kind` "logits" or "weights"."""
+    from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module
+
+    if kind not in KINDS:
+        raise ConfigError("kind", f"unknown trajectory kind {kind!r}", f"Use one of {', '.join(KINDS)}.")
+    steps = checkpoint_steps(run_dir)
+    if len(steps) < 3:
+        raise ConfigError("run_dir", f"{run_dir} has {len(steps)} saved checkpoints; a trajectory needs at least 3",
+                          "Train with a checkpoint schedule (the default keeps 30 log-spaced ones).")
+    module = load_run_module(run_dir)
+    batches = module.task.val_batches()
+    rows = []
+    for path in steps.values():
+        module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
+        if kind == "weights":
+            rows.append(torch.cat([p.detach().flatten().double() for p in module.parameters()]).numpy())
+            continue
+        left, parts = max_rows, []
+        with torch.no_grad():
+            for batch in batches:
+                if left <= 0:
+                    break
+                tokens, mask = batch.tokens[:left], batch.loss_mask[:left]
+                logits = module.model(tokens)[mask].double()
+                parts.append(torch.log_softmax(logits, -1).flatten())
+                left -= len(tokens)
+        rows.append(torch.cat(parts).numpy())
+    return list(steps), np.stack(rows)
+
+
+def pca_2d(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(coordinates [n, 2], explained variance ratio of the two components)."""
+    centred = rows - rows.mean(0, keepdims=True)
+    u, s, _ = np.linalg.svd(centred, full_matrices=False)
+    coords = u[:, :2] * s[:2]
+    variance = s ** 2
+    return coords, variance[:2] / variance.sum()
+
+
+def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, out: str | os.PathLike | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    from phasewatch.callbacks.runfiles import METRICS, read_series
+    from phasewatch.probes.transitions import detect_all
+
+    run_dir = Path(run_dir)
+    series = read_series(run_dir / METRICS)
+    events = detect_all({k: series[k] for k in MARKED if k in series})
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 5.2), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        steps, rows = checkpoint_vectors(run_dir, kind)
+        coords, ratio = pca_2d(rows)
+        folder = run_dir / "arrays" / "trajectory" / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / "pca.npy", np.column_stack([steps, coords]))
+        ax.plot(coords[:, 0], coords[:, 1], color="#bbb", lw=1, zorder=1)
+        points = ax.scatter(coords[:, 0], coords[:, 1], c=[max(s, 1) for s in steps], cmap="viridis",
+                            norm=LogNorm(), s=28, zorder=2)
+        for i in (0, len(steps) // 2, len(steps) - 1):
+            ax.annotate(f"step {steps[i]}", coords[i], fontsize=7, xytext=(4, 4), textcoords="offset points")
+        for j, event in enumerate(events):
+            i = int(np.argmin([abs(s - event["midpoint"]) for s in steps]))
+            ax.scatter(*coords[i], marker="*", s=180, color=f"C{j % 10}", edgecolor="k", zorder=3,
+                       label=f"{event['metric']} {event['direction']} (mid {event['midpoint']})")
+        ax.set_xlabel(f"PC1 ({ratio[0]:.0%} of variance)")
+        ax.set_ylabel(f"PC2 ({ratio[1]:.0%})")
+        ax.set_title(f"{'log-probabilities on held-out data' if kind == 'logits' else 'weights'}, "
+                     f"{len(steps)} checkpoints", loc="left", fontsize=10)
+        ax.grid(alpha=0.3)
+        fig.colorbar(points, ax=ax, label="step")
+        if events:
+            ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"{run_dir.name}: checkpoint trajectory (PCA)", fontsize=11)
+    fig.tight_layout()
+    out = Path(out) if out else run_dir / "figures" / "trajectory.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def trajectory_command(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="phasewatch trajectory",
+                                     description="PCA paths of a run's checkpoints (logits and weights), with its "
+                                                 "detected transitions marked: RUN_DIR/figures/trajectory.png.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--kind", choices=[*KINDS, "both"], default="both")
+    parser.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/figures/trajectory.png)")
+    args = parser.parse_args(argv)
+    kinds = KINDS if args.kind == "both" else (args.kind,)
+    print(plot_trajectory(args.run_dir, kinds, args.out))
+    return 0
