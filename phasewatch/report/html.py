@@ -81,6 +81,7 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
         "events": events,
         "leadlag": lead_lag(events, reference) if reference else [],
         "arrays": _arrays(run_dir),
+        "interventions": list(read_jsonl(run_dir / "interventions.jsonl")),
     }
     data = json.dumps(payload, allow_nan=False, default=float).replace("</", "<\\/")
     trajectory = run_dir / "figures" / "trajectory.png"
@@ -146,6 +147,12 @@ function drawPanel(panel) {
     g.fillStyle = ev.direction === "down" ? "rgba(214,39,40,0.12)" : "rgba(44,160,44,0.12)";
     const a = X(Math.log10(ev.onset)), b = X(Math.log10(Math.max(ev.end, ev.onset)));
     g.fillRect(a, M.t, Math.max(b - a, 2), H - M.t - M.b);
+  }
+  for (const iv of D.interventions) {  // interventions: grey bands (windows) or lines (reinit)
+    const a = Math.max(iv.start ?? iv.step, 1), b = Math.max(iv.end ?? iv.step, 1);
+    const xa = X(Math.log10(a)), xb = X(Math.log10(b));
+    g.fillStyle = "rgba(90,90,90,0.13)"; g.fillRect(xa, M.t, Math.max(xb - xa, 2), H - M.t - M.b);
+    g.fillStyle = "#444"; g.font = "10px sans-serif"; g.fillText(`${iv.kind} ${iv.component}`, xa + 3, M.t + 11);
   }
   g.strokeStyle = "#999"; g.strokeRect(M.l, M.t, W - M.l - M.r, H - M.t - M.b);
   g.fillStyle = "#555"; g.font = "11px sans-serif";

@@ -22,6 +22,7 @@ from phasewatch.probes import default_probes, get_probe
 from phasewatch.report.live import LiveReport
 from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.cli import default_run_dir
+from phasewatch.trainers.interventions import Interventions
 from phasewatch.trainers.module import TaskDataModule, TrainModule
 from phasewatch.trainers.run_store import RunFolderLogger, RunStore
 from phasewatch.trainers.wandb_logging import make_wandb_logger
@@ -59,6 +60,7 @@ class PhasewatchCLI(LightningCLI):
         parser.add_lightning_class_args(ProbeRunner, "probes")
         parser.add_lightning_class_args(TransitionWatcher, "transitions")
         parser.add_lightning_class_args(LiveReport, "report")
+        parser.add_lightning_class_args(Interventions, "interventions")
         parser.link_arguments("data.task", "model.task", apply_on="instantiate")
 
     def instantiate_trainer(self, **kwargs: Any):
