@@ -100,15 +100,39 @@ def neuron_logit_map(model, p: int) -> Float[Tensor, "p d_mlp"]:
     return (w_out @ w_u).T.detach()
 
 
-@torch.no_grad()
-def all_logits(model, task: ModularAddition) -> Float[Tensor, "p p p"]:
-    """Logits over the p answer classes for every input (a, b), as [a, b, c], float64."""
+def grid_logits(model, task: ModularAddition) -> Float[Tensor, "p p p"]:
+    """Logits over the p answer classes for every input (a, b), as [a, b, c], float64,
+    on the model's device, differentiable."""
     p = task.p
     a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
     device = next(model.parameters()).device
     tokens = torch.stack([a.flatten(), b.flatten(), torch.full((p * p,), task.equals_token)], dim=1).to(device)
-    out = torch.cat([model(chunk)[:, -1, :p].double().cpu() for chunk in tokens.split(CHUNK)])
-    return out.reshape(p, p, p)
+    return torch.cat([model(chunk)[:, -1, :p].double() for chunk in tokens.split(CHUNK)]).reshape(p, p, p)
+
+
+@torch.no_grad()
+def all_logits(model, task: ModularAddition) -> Float[Tensor, "p p p"]:
+    """`grid_logits` without gradients, on the CPU."""
+    return grid_logits(model, task).cpu()
+
+
+def training_measure(model, task: ModularAddition, measure: str) -> Tensor:
+    """A differentiable progress measure on the TRAINING pairs, for use as a loss term:
+    "excluded_loss" (the loss with the current key frequencies removed from the logits)
+    or "restricted_loss" (the loss of their key-frequency part alone; the probe's
+    restricted loss uses the test pairs, which a loss term must not see). Key
+    frequencies come from the current weights (not differentiated through)."""
+    if measure not in ("excluded_loss", "restricted_loss"):
+        raise ConfigError("interventions.items.measure", f"unknown measure {measure!r}",
+                          "Use excluded_loss or restricted_loss.")
+    p = task.p
+    native = getattr(model, "original_model", model)
+    freqs = key_frequencies(_pair_frequencies(component_norms(neuron_logit_map(model, p))))
+    logits = grid_logits(native, task)
+    key = project(logits, key_directions(p, freqs).to(logits.device))
+    pairs = task.train_set().tokens[:, :2].to(logits.device)
+    picked = (logits - key if measure == "excluded_loss" else key + logits.mean(dim=(0, 1), keepdim=True))
+    return F.cross_entropy(picked[pairs[:, 0], pairs[:, 1]], (pairs[:, 0] + pairs[:, 1]) % p)
 
 
 def key_directions(p: int, freqs: Iterable[int]) -> Float[Tensor, "n p p"]:

@@ -17,11 +17,16 @@
   initialisation (a fresh model of the same architecture with `seed`); the optimizer's
   moments for them are not reset.
 
+- `aux_loss`: while the step is in [start, end), `weight` x a progress measure of
+  modular addition (`measure`: excluded_loss or restricted_loss, both on the training
+  pairs; probes/fourier.py: training_measure) is added to the training loss; logged as
+  `train/aux/<measure>` (weight included; 0 outside the window) beside `train/task_loss`. A negative weight
+  pushes the measure up (e.g. -0.1 on excluded_loss works against the Fourier circuit).
+
 Components: `L<l>H<h>` (a head), `L<l>.attn`, `L<l>.mlp`; `embed`, `pos_embed`, `unembed`
 (freeze and reinit only). Steps count optimizer updates, like the run's `step`.
 The list is written to `<run_dir>/interventions.jsonl` and drawn on the report's time
 axis. Invalid entries stop the run before training (ConfigError).
-An auxiliary loss from a probe is not available yet.
 """
 
 from __future__ import annotations
@@ -34,27 +39,33 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from phasewatch.probes.fourier import training_measure
 from phasewatch.tasks.base import ConfigError, require, require_int
 from phasewatch.trainers.model import (build_model, component_parameters, parse_component,
                                        register_component_hook)
 
-KINDS = ("freeze", "ablate", "reinit")
+KINDS = ("freeze", "ablate", "reinit", "aux_loss")
 RECORD = "interventions.jsonl"
 
 
 @dataclasses.dataclass
 class Intervention:
     kind: str
-    component: str
+    component: str | None = None
     start: int | None = None
     end: int | None = None
     step: int | None = None
     mode: str = "zero"
     seed: int = 0
+    measure: str | None = None
+    weight: float | None = None
 
     def validate(self) -> "Intervention":
         field = "interventions.items"
         require(self.kind in KINDS, field, f"unknown kind {self.kind!r}", f"Use one of {', '.join(KINDS)}.")
+        if self.kind != "aux_loss":
+            require(isinstance(self.component, str), f"{field}.component", f"a {self.kind} needs a component",
+                    "Name it: L<layer>H<head>, L<layer>.attn, L<layer>.mlp, embed, pos_embed or unembed.")
         if self.kind == "reinit":
             require_int(self.step, f"{field}.step", 0, "A reinit needs the step at which it happens.")
         else:
@@ -63,6 +74,12 @@ class Intervention:
             require(self.end > self.start, field, f"end {self.end} is not after start {self.start}",
                     "Give a window with end > start.")
         require(self.mode in ("zero", "mean"), f"{field}.mode", f"unknown mode {self.mode!r}", "Use zero or mean.")
+        if self.kind == "aux_loss":
+            require(self.measure in ("excluded_loss", "restricted_loss"), f"{field}.measure",
+                    f"unknown measure {self.measure!r}", "Use excluded_loss or restricted_loss (modular addition).")
+            require(isinstance(self.weight, (int, float)) and not isinstance(self.weight, bool) and self.weight != 0,
+                    f"{field}.weight", f"must be a non-zero number, got {self.weight!r}",
+                    "Give the term's weight; negative pushes the measure up, e.g. -0.1 on excluded_loss.")
         return self
 
     def active(self, step: int) -> bool:
@@ -72,8 +89,9 @@ class Intervention:
 class Interventions(pl.Callback):
     """Args:
     items: the interventions, each a mapping with `kind` (freeze, ablate, reinit),
-        `component`, and `start`/`end` (freeze, ablate) or `step` (reinit); `mode` (zero,
-        mean) for ablate, `seed` for reinit.
+        `component` (not for aux_loss), and `start`/`end` (freeze, ablate, aux_loss) or
+        `step` (reinit); `mode` (zero, mean) for ablate, `seed` for reinit, `measure` and
+        `weight` for aux_loss.
     """
 
     def __init__(self, items: list[dict[str, Any]] | None = None):
@@ -94,9 +112,15 @@ class Interventions(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         model = pl_module.model
         for item in self.items:
-            parse_component(item.component, model.cfg.n_layers, model.cfg.n_heads)  # refuses unknown components
+            if item.kind != "aux_loss":  # refuses unknown components
+                parse_component(item.component, model.cfg.n_layers, model.cfg.n_heads)
             if item.kind == "ablate":
                 self._hooks.append(register_component_hook(model, item.component, self._replacer(item)))
+            elif item.kind == "aux_loss":
+                if not hasattr(pl_module.task, "p") or getattr(pl_module.task, "op", None) != "+":
+                    raise ConfigError("interventions.items.measure", f"{item.measure} is a measure of modular addition",
+                                      "Use aux_loss with a ModularAddition task (op '+').")
+                pl_module.aux_terms.append(self._aux_term(item))
             else:
                 component_parameters(model, item.component)
         if self.items and trainer.default_root_dir:
@@ -107,6 +131,14 @@ class Interventions(pl.Callback):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+
+    def _aux_term(self, item: Intervention):
+        def term(pl_module) -> dict[str, torch.Tensor]:
+            if not item.active(pl_module.global_step):  # logged as 0 outside its window
+                return {item.measure: torch.zeros((), dtype=torch.float64, device=pl_module.device)}
+            return {item.measure: item.weight * training_measure(pl_module.model, pl_module.task, item.measure)}
+
+        return term
 
     def _replacer(self, item: Intervention):
         def replace(value: torch.Tensor) -> torch.Tensor:

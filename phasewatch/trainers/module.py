@@ -121,19 +121,28 @@ class TrainModule(pl.LightningModule):
         self.model = build_model(self.arch, task)
         self.loss_dtype = getattr(torch, loss_dtype) if loss_dtype else task.loss_dtype
         self.skipped_steps = 0
+        # auxiliary loss terms: callables (module) -> {name: weighted scalar tensor}, added
+        # to the training loss (trainers/interventions.py's aux_loss)
+        self.aux_terms: list = []
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         logits = native_module(self.model)(batch.tokens)
+        aux = {name: term for fn in self.aux_terms for name, term in fn(self).items()}
         if (self.global_step + 1) % self.trainer.log_every_n_steps:
             # not a logging step (Lightning's own rule): skip the metric bookkeeping, which
             # costs as much as a small model's step
-            return self._checked(masked_loss(logits, batch, self.loss_dtype))
-        loss, acc = masked_loss_and_acc(logits, batch, self.loss_dtype)
+            return self._checked(masked_loss(logits, batch, self.loss_dtype) + sum(aux.values()))
+        task_loss, acc = masked_loss_and_acc(logits, batch, self.loss_dtype)
+        loss = task_loss + sum(aux.values())
         if self._checked(loss) is None:
             return None
+        if aux:  # the loss breakdown: the task's loss and each auxiliary term (weight included)
+            self.log("train/task_loss", task_loss, batch_size=len(batch))
+            for name, term in aux.items():
+                self.log(f"train/aux/{name}", term, batch_size=len(batch))
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log("train/acc", acc, prog_bar=True, batch_size=len(batch))
         self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=len(batch))

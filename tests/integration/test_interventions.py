@@ -103,3 +103,30 @@ def test_bad_interventions_stop_before_training(tmp_path, capsys):
         assert not (run / "metrics.jsonl").exists()
     with pytest.raises(ConfigError):
         Interventions(["freeze L0H0"])
+
+
+def test_an_auxiliary_loss_term_is_added_and_logged_in_the_breakdown(tmp_path):
+    from phasewatch.trainers.run_store import read_jsonl
+
+    run = tmp_path / "run"
+    assert fit(run, 12, [{"kind": "aux_loss", "measure": "excluded_loss", "weight": -0.1, "start": 3, "end": 8}],
+               "--trainer.log_every_n_steps", "1") == 0
+    logged = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r}
+    inside = [s for s in logged if 3 <= s < 8]
+    assert inside and all(logged[s]["train/aux/excluded_loss"] != 0 for s in inside)
+    assert all(logged[s]["train/aux/excluded_loss"] == 0 for s in logged if not 3 <= s < 8)
+    for s in inside:
+        r = logged[s]
+        assert r["train/aux/excluded_loss"] < 0  # weight -0.1 times a positive loss
+        assert abs(r["train/loss"] - (r["train/task_loss"] + r["train/aux/excluded_loss"])) < 1e-5
+    # the term is the weighted excluded loss of the training pairs, as the probe defines it
+    from phasewatch.probes.fourier import progress_measures, training_measure
+    from phasewatch.trainers.posthoc import load_run_module
+
+    module = load_run_module(run)
+    module.load_state_dict(weights(run, 5))
+    with torch.no_grad():
+        term = float(training_measure(module.model, module.task, "excluded_loss"))
+        probe = progress_measures(module.model, module.task)["grok/excluded_loss"]
+    assert abs(term - probe) < 1e-6 * max(1.0, abs(probe))
+    assert abs(logged[5]["train/aux/excluded_loss"] - (-0.1 * term)) < 1e-5
