@@ -8,7 +8,8 @@ import yaml
 
 from phasewatch.trainers.cli import main
 
-REPO_CONFIGS = ["quickstart", "grokking_nanda2023", "digit_addition", "induction_2l", "reverse", "sort", "hist"]
+REPO_CONFIGS = ["quickstart", "grokking_nanda2023", "digit_addition", "induction_2l", "reverse", "sort", "hist",
+                "induction_2l_freeze_l0", "quickstart_aux_restricted"]
 
 
 @pytest.mark.parametrize("args,field", [
