@@ -95,6 +95,8 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
     """A logger writing under `<run_dir>/wandb`, resuming the W&B run id kept in the run
     folder (a new run takes `WANDB_RUN_ID` when `wandb agent` set it, so that the run
     joins the agent's sweep); None when W&B is disabled."""
+    if os.environ.get("WANDB_MODE") == "":  # set but empty: W&B's own settings would refuse it
+        del os.environ["WANDB_MODE"]
     mode = wandb_mode()
     if mode == "disabled":
         return None

@@ -218,3 +218,18 @@ def test_without_the_sweep_engine_the_error_says_how_to_install_it(monkeypatch, 
     monkeypatch.setitem(sys.modules, "sweeps", None)  # import sweeps -> ImportError
     assert main(["sweep", str(SWEEP_FILES[0]), "--dry-run"]) == 2
     assert "pip install --no-deps sweeps==0.3.0" in capsys.readouterr().err
+
+
+def test_an_empty_wandb_mode_variable_means_unset(tmp_path, monkeypatch):
+    from phasewatch.trainers.run_store import RunStore
+    from phasewatch.trainers.wandb_logging import make_wandb_logger
+
+    monkeypatch.setenv("WANDB_MODE", "")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: offline
+    store = RunStore(tmp_path / "run")
+    store.create()
+    logger = make_wandb_logger(store, "run", "phasewatch-test", {})
+    logger.log_metrics({"x": 1.0}, step=0)
+    logger.finalize("success")
+    assert not logger._failed and list((store.root / "wandb").glob("offline-run-*"))
