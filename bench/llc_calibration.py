@@ -32,6 +32,9 @@ def main() -> None:
     args = parser.parse_args()
     available = checkpoint_steps(args.run_dir)
     steps = args.steps or sorted({list(available)[0], list(available)[len(available) // 2], list(available)[-1]})
+    missing = [s for s in steps if s not in available]
+    if missing:
+        raise SystemExit(f"no checkpoint at steps {missing}; the run has: {', '.join(map(str, available))}")
     module = load_run_module(args.run_dir)
     picks = []
     print(f"{'checkpoint':>10s} {'step size':>10s} {'LLC':>10s} {'std':>8s} {'drift':>7s}")
