@@ -136,6 +136,8 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from phasewatch.report.curves import save_figure
+
     transitions = [c for c in columns if c.endswith((" up", " down"))][:max_panels]
     params = [c for c in columns[2:] if not c.startswith("final ") and c not in transitions
               and not c.endswith((" up", " down")) and len({_cell(r.get(c)) for r in rows}) > 1]
@@ -176,12 +178,7 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
         axes.flat[0].set_visible(True)
         axes.flat[0].text(0.5, 0.5, "no transitions detected", ha="center", va="center")
     fig.suptitle(f"phase transitions across {len(rows)} runs", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def compare_command(argv: list[str]) -> int:

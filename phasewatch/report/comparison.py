@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from phasewatch.report.curves import save_figure
 from phasewatch.report.series import load_series
 
 
@@ -114,9 +115,4 @@ def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path 
             ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
         fig.colorbar(image, ax=ax, fraction=0.04)
     fig.suptitle(f"{run_dir.name}: learned vs compiled", fontsize=11)
-    fig.tight_layout()
-    out = Path(out) if out else run_dir / "figures" / "tracr.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out or run_dir / "figures" / "tracr.png")

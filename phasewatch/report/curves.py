@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from phasewatch.report.series import load_series
-from phasewatch.trainers.run_store import RunStore
+from phasewatch.callbacks.runfiles import METRICS
 
 LOSS_KEYS = ("train/loss", "val/loss", "grok/restricted_loss", "grok/excluded_loss")
 ACC_KEYS = ("train/acc", "val/acc")
@@ -66,6 +66,18 @@ def _natural(key: str):
     return (key.rsplit("/", 1)[0], int(tail) if tail.isdigit() else 0, key)
 
 
+def save_figure(fig, out: str | Path, dpi: int = 110) -> Path:
+    """Lay out, write (making the folder) and close a matplotlib figure; its path."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Draw the run's curves; returns the PNG's path. Raises FileNotFoundError when the
     folder has no metrics.jsonl."""
@@ -75,7 +87,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    if not RunStore(run_dir).metrics.exists():
+    if not (run_dir / METRICS).exists():
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} not found: is {run_dir} a phasewatch run folder?")
     data = load_series(run_dir)
     # a panel needs data, and more than the composition baseline alone (1-layer models)
@@ -95,9 +107,4 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             ax.legend(fontsize=8, loc="best")
     axes[-1, 0].set_xlabel("step (log scale)")
     fig.suptitle(run_dir.name, fontsize=11)
-    fig.tight_layout()
-    out = Path(out) if out else run_dir / "figures" / "curves.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out or run_dir / "figures" / "curves.png")

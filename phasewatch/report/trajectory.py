@@ -82,6 +82,7 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
 
     from phasewatch.callbacks.runfiles import METRICS, read_series
     from phasewatch.probes.transitions import detect_all
+    from phasewatch.report.curves import save_figure
 
     run_dir = Path(run_dir)
     series = read_series(run_dir / METRICS)
@@ -111,12 +112,7 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
         if events:
             ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"{run_dir.name}: checkpoint trajectory (PCA)", fontsize=11)
-    fig.tight_layout()
-    out = Path(out) if out else run_dir / "figures" / "trajectory.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out or run_dir / "figures" / "trajectory.png")
 
 
 def trajectory_command(argv: list[str]) -> int:
