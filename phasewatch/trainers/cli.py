@@ -11,6 +11,7 @@ stop before training with one line naming the field and the fix (exit status 2).
 from __future__ import annotations
 
 import datetime
+import importlib
 import sys
 from pathlib import Path
 
@@ -186,6 +187,11 @@ def plot_command(argv: list[str]) -> int:
 
 
 def analyze_command(argv: list[str]) -> int:
+    """`analyze RUN_DIR --probes ...` (a folder: trainers/posthoc.py) or `analyze FILE.pth`."""
+    if argv and Path(argv[0]).is_dir():
+        from phasewatch.trainers.posthoc import analyze_run_command
+
+        return analyze_run_command(argv)
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -330,6 +336,19 @@ def compile_command(argv: list[str]) -> int:
     return 0
 
 
+#: command -> (module, function(argv) -> exit status), imported only when the command runs
+COMMANDS = {
+    "plot": (__name__, "plot_command"),
+    "analyze": (__name__, "analyze_command"),
+    "phases": (__name__, "phases_command"),
+    "report": (__name__, "report_command"),
+    "compile": (__name__, "compile_command"),
+    "sweep": ("phasewatch.trainers.sweep", "sweep_command"),
+    "compare": ("phasewatch.report.compare", "compare_command"),
+    "trajectory": ("phasewatch.report.trajectory", "trajectory_command"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -342,32 +361,9 @@ def main(argv: list[str] | None = None) -> int:
             _lightning_cli(resume_arguments(task_argument(argv)))
         elif argv[0] == "tasks":
             list_tasks()
-        elif argv[0] == "plot":
-            return plot_command(argv[1:])
-        elif argv[0] == "analyze" and len(argv) > 1 and Path(argv[1]).is_dir():
-            from phasewatch.trainers.posthoc import analyze_run_command
-
-            return analyze_run_command(argv[1:])
-        elif argv[0] == "analyze":
-            return analyze_command(argv[1:])
-        elif argv[0] == "phases":
-            return phases_command(argv[1:])
-        elif argv[0] == "report":
-            return report_command(argv[1:])
-        elif argv[0] == "compile":
-            return compile_command(argv[1:])
-        elif argv[0] == "sweep":
-            from phasewatch.trainers.sweep import sweep_command
-
-            return sweep_command(argv[1:])
-        elif argv[0] == "trajectory":
-            from phasewatch.report.trajectory import trajectory_command
-
-            return trajectory_command(argv[1:])
-        elif argv[0] == "compare":
-            from phasewatch.report.compare import compare_command
-
-            return compare_command(argv[1:])
+        elif argv[0] in COMMANDS:
+            module, function = COMMANDS[argv[0]]
+            return getattr(importlib.import_module(module), function)(argv[1:])
         else:
             print(f"phasewatch: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
             return 2
