@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from phasewatch.probes.llc import calibrate_llc, recommend_step_size
-from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module
+from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module, load_weights
 
 
 def main() -> None:
@@ -39,7 +37,7 @@ def main() -> None:
     picks = []
     print(f"{'checkpoint':>10s} {'step size':>10s} {'LLC':>10s} {'std':>8s} {'drift':>7s}")
     for step in steps:
-        module.load_state_dict(torch.load(available[step], map_location="cpu", weights_only=False)["state_dict"])
+        load_weights(module, available[step])
         rows = calibrate_llc(module.model, module.task, args.step_sizes, chains=args.chains, draws=args.draws,
                              burn_in=args.burn_in, gamma=args.gamma)
         for r in rows:

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 METRICS = "metrics.jsonl"
 EVENTS = "events.jsonl"
+INTERVENTIONS = "interventions.jsonl"
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:

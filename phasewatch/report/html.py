@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phasewatch.callbacks.runfiles import EVENTS, read_jsonl
+from phasewatch.callbacks.runfiles import EVENTS, INTERVENTIONS, read_jsonl
 from phasewatch.callbacks.transitions import DETAIL
 from phasewatch.probes.transitions import detect_all, lead_lag
 from phasewatch.report.curves import panel_layout
@@ -81,7 +81,7 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
         "events": events,
         "leadlag": lead_lag(events, reference) if reference else [],
         "arrays": _arrays(run_dir),
-        "interventions": list(read_jsonl(run_dir / "interventions.jsonl")),
+        "interventions": list(read_jsonl(run_dir / INTERVENTIONS)),
     }
     data = json.dumps(payload, allow_nan=False, default=float).replace("</", "<\\/")
     trajectory = run_dir / "figures" / "trajectory.png"

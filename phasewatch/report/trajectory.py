@@ -35,7 +35,7 @@ MARKED = ("val/loss", "train/loss", "val/acc", "train/acc", "grok/restricted_los
 
 def checkpoint_vectors(run_dir: str | os.PathLike, kind: str, max_rows: int = 512) -> tuple[list[int], np.ndarray]:
     """(steps, one row per checkpoint) for `kind` "logits" or "weights"."""
-    from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module
+    from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module, load_weights
 
     if kind not in KINDS:
         raise ConfigError("kind", f"unknown trajectory kind {kind!r}", f"Use one of {', '.join(KINDS)}.")
@@ -47,7 +47,7 @@ def checkpoint_vectors(run_dir: str | os.PathLike, kind: str, max_rows: int = 51
     batches = module.task.val_batches()
     rows = []
     for path in steps.values():
-        module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
+        load_weights(module, path)
         if kind == "weights":
             rows.append(torch.cat([p.detach().flatten().double() for p in module.parameters()]).numpy())
             continue

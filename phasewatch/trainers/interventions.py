@@ -39,13 +39,13 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from phasewatch.callbacks.runfiles import INTERVENTIONS
 from phasewatch.probes.fourier import training_measure
 from phasewatch.tasks.base import ConfigError, require, require_int
 from phasewatch.trainers.model import (build_model, component_parameters, parse_component,
                                        register_component_hook)
 
 KINDS = ("freeze", "ablate", "reinit", "aux_loss")
-RECORD = "interventions.jsonl"
 
 
 @dataclasses.dataclass
@@ -124,7 +124,7 @@ class Interventions(pl.Callback):
             else:
                 component_parameters(model, item.component)
         if self.items and trainer.default_root_dir:
-            path = Path(trainer.default_root_dir) / RECORD
+            path = Path(trainer.default_root_dir) / INTERVENTIONS
             path.write_text("".join(json.dumps(dataclasses.asdict(i)) + "\n" for i in self.items))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

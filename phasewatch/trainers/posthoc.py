@@ -50,6 +50,12 @@ def load_run_module(run_dir: str | os.PathLike) -> TrainModule:
     return TrainModule(task=task, **model_cfg)
 
 
+def load_weights(module: TrainModule, path: str | os.PathLike) -> TrainModule:
+    """Put a saved checkpoint's weights into the module (this project's own file)."""
+    module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
+    return module
+
+
 def checkpoint_steps(run_dir: str | os.PathLike) -> dict[int, Path]:
     """step -> checkpoint file, for the run's step=<N>.ckpt files."""
     found = {}
@@ -75,7 +81,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     store.acquire_lock()
     try:
         first = next(iter(steps.values()))
-        module.load_state_dict(torch.load(first, map_location="cpu", weights_only=False)["state_dict"])
+        load_weights(module, first)
         keys = {k for r in measure(module.model, module.task, probes, options or {}).values() for k in r}
         existing = {k for record in store.read_metrics() for k in record} & keys
         if existing and not replace:
@@ -85,7 +91,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
         if existing:
             _drop_keys(store, existing)
         for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt", disable=not progress):
-            module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
+            load_weights(module, path)
             scalars = record_results(measure(module.model, module.task, probes, options or {}), store.root, step)
             if scalars:
                 store.append_jsonl(store.metrics, {"step": step, **scalars})
