@@ -180,7 +180,7 @@ def check_comparable(model, task: Task) -> None:
                           "Use --model.arch.attention bidirectional.")
 
 
-def variable_probes(model, task: Task, batches: list[Batch], resid: dict[str, Tensor], ridge: float) -> dict[str, float]:
+def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], ridge: float) -> dict[str, float]:
     """`<variable>/<site>` -> held-out probe accuracy (train on even, test on odd inputs of
     every length)."""
     labels = variable_labels(task, batches)
@@ -270,7 +270,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, ca
         f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
     out["match_heads"] = labels
 
-    for key, value in variable_probes(model, task, batches, resid, ridge).items():
+    for key, value in variable_probes(task, batches, resid, ridge).items():
         out[f"tracr/probe/{key}"] = value
     if baseline:
         cache_key = (task.program.name, task.program.vocab, task.program.max_seq_len, per_length, ridge,
@@ -278,7 +278,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, ca
         if cache_key not in _BASELINES:
             fresh = fresh_model(model)
             _, _, fresh_resid = _run(fresh, batches, sites)
-            _BASELINES[cache_key] = variable_probes(fresh, task, batches, fresh_resid, ridge)
+            _BASELINES[cache_key] = variable_probes(task, batches, fresh_resid, ridge)
         for key, value in _BASELINES[cache_key].items():
             out[f"tracr/probe_baseline/{key}"] = value
 

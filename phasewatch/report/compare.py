@@ -99,15 +99,15 @@ def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tu
         for key in chosen:
             if key in s:
                 row[f"final {key}"] = s[key][1][-1]
+        largest: dict[str, float] = {}  # column -> magnitude of the transition kept in it
         for event in detect_all({k: s[k] for k in chosen if k in s}):
             column = f"{event['metric']} {event['direction']}"
-            best = row.get(f"_{column}")
-            if best is None or abs(event["magnitude"]) > best:
-                row[f"_{column}"] = abs(event["magnitude"])
+            if abs(event["magnitude"]) > largest.get(column, -1.0):
+                largest[column] = abs(event["magnitude"])
                 row[column] = event["midpoint"]
                 if column not in transition_columns:
                     transition_columns.append(column)
-        rows.append({k: v for k, v in row.items() if not k.startswith("_")})
+        rows.append(row)
     param_columns = list(dict.fromkeys(k for p in params for k in p))
     order = {k: i for i, k in enumerate(chosen)}
     transition_columns.sort(key=lambda c: (order[c.rsplit(" ", 1)[0]], c))
