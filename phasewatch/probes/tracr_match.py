@@ -246,14 +246,14 @@ def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, ca
     single = torch.zeros(len(active), n_layers, n_heads, dtype=torch.float64)
     paths = torch.zeros(len(active), n_layers, n_heads, n_layers, n_heads, dtype=torch.float64)
     for a, s in zip(patterns, ref_patterns):  # per length: [batch, layer, head, q, k]
+        # head g of layer lb reading through head h of layer la: q -> j -> k, j any position
+        composites = {(la, lb): torch.einsum("ngqj,nhjk->nghqk", a[:, lb, :, 1:], a[:, la])
+                      for la in range(n_layers) for lb in range(la + 1, n_layers)}
         for i, (rl, rh) in enumerate(active):
-            target = s[:, rl, rh, 1:]  # queries without BOS
-            single[i] += pattern_overlap(a[:, :, :, 1:], target[:, None, None]).mean(0) / len(batches)
-            for la in range(n_layers):
-                for lb in range(la + 1, n_layers):
-                    # head g of layer lb reading through head h of layer la: q -> j -> k, j any position
-                    composite = torch.einsum("ngqj,nhjk->nghqk", a[:, lb, :, 1:], a[:, la])
-                    paths[i, lb, :, la, :] += pattern_overlap(composite, target[:, None, None]).mean(0) / len(batches)
+            target = s[:, rl, rh, 1:][:, None, None]  # queries without BOS
+            single[i] += pattern_overlap(a[:, :, :, 1:], target).mean(0) / len(batches)
+            for (la, lb), composite in composites.items():
+                paths[i, lb, :, la, :] += pattern_overlap(composite, target).mean(0) / len(batches)
     labels = []
     for i, (rl, rh) in enumerate(active):
         ref = f"L{rl}H{rh}"
