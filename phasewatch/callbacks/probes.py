@@ -36,7 +36,8 @@ class ProbeRunner(pl.Callback):
     options: keyword arguments per probe, e.g. {"heads": {"thresholds": {"induction": 0.5}},
         "composition": {"factor": 3}}.
     schedules: a schedule of its own for some probes, e.g. {"llc": {"kind": "log", "count": 20}}
-        for a costly one.
+        for a costly one (a probe that names a default schedule of its own, like llc's 24
+        log-spaced steps, keeps it unless given one here).
     """
 
     def __init__(self, names: list[str] | None = None, schedule: Schedule = Schedule(kind="log", count=60),
@@ -58,8 +59,9 @@ class ProbeRunner(pl.Callback):
         self._probes = [get_probe(n, task) for n in names]
         for name in self.schedules:
             get_probe(name, task)
+        own = {p.name: Schedule(**p.schedule) for p in self._probes if p.schedule} | self.schedules
         self._steps = set(self.schedule.resolve(trainer.max_steps))
-        self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in self.schedules.items()}
+        self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in own.items()}
 
     # --- when ---------------------------------------------------------------------
 

@@ -4,17 +4,30 @@ Landscape Degeneracy Drives Stagewise Development in Transformers"), REFERENCE.m
     w <- w - (eps/2) (n beta grad L_n(w) + gamma (w - w*)) + N(0, eps)
     LLC = n beta (E[L_n(w)] - L_n(w*)),   beta = 1 / log n
 
-`estimate_llc` is the estimator for any loss of a list of parameter tensors; chains are
-independent and run one after the other. It reports "did not converge" (`converged`
-False, `llc` None) instead of a number when a chain's loss becomes non-finite or runs
-away (more than `max_rise` x n beta above the start), and returns the loss traces for
+`estimate_llc` is the estimator for any loss of a list of parameter tensors. It samples
+by moving those tensors in place (a model's own parameters: no copy of the model, no
+functional re-binding) and puts back their exact values afterwards, also when it fails.
+Chains are independent and run one after the other. A chain that leaves the basin (a
+non-finite loss, or a single draw more than `max_rise` above L(w*) on the LLC's scale,
+by default 20 x the largest possible LLC d/2), or an estimate above d (twice the largest
+possible value for d parameters), makes the result "did not converge" (`converged` False, `llc` None) instead
+of a number. The loss traces come back for
 diagnostics. Known answers (tests/unit/test_llc.py): the potentials w^2, w^4, w^6 give
 1/2, 1/4, 1/6; a d-dimensional quadratic gives d/2.
 
-The `llc` probe applies it to a model's training loss on the task's training batch; it
-costs chains x (burn_in + draws) forward and backward passes, so it is not a default
-probe: ask for it with `--probes.names '[llc, ...]'` and give it a sparse schedule.
-Keys: `llc/estimate`, `llc/std` (across chains), `llc/converged`; array `trace`.
+The `llc` probe applies it to a model's training loss: the full training set for
+full-batch tasks, a fixed pool of `pool` training batches for streaming ones, with
+SGLD steps on minibatches of `batch_size` examples (default: all of them). It costs
+chains x (burn_in + draws) forward and backward passes, so it is not a default probe:
+ask for it with `--probes.names '[llc, ...]'` (it then runs on its own sparse schedule,
+24 log-spaced steps, unless `--probes.schedules` gives another) or after training with
+`phasewatch analyze RUN --probes llc`. Keys: `llc/estimate`, `llc/std` (across chains),
+`llc/converged`, `llc/drift` (how far the chains' mean loss still moves between the
+two halves of the draws, relative to its rise: near 0 once they have settled); arrays
+`trace` (chains x steps, the loss of every step, burn-in included) and `loss_star`.
+
+Settings (step size, localisation gamma) are not universal: `calibrate_llc` and
+bench/llc_calibration.py measure them on a run's own checkpoints (bench/README.md).
 """
 
 from __future__ import annotations
@@ -27,116 +40,167 @@ from torch import Tensor
 
 from phasewatch.probes.registry import register_probe
 
+#: the llc probe's defaults, calibrated on the quickstart grokking run (bench/README.md)
+DEFAULTS = {"chains": 2, "draws": 200, "burn_in": 200, "step_size": 1e-4, "gamma": 300.0, "batch_size": None}
+
 
 def estimate_llc(
-    loss_fn: Callable[[Sequence[Tensor]], Tensor],
+    loss_fn: Callable[[int], Tensor],
     params: Sequence[Tensor],
     n: int,
     *,
+    loss_star: float | None = None,
     chains: int = 4,
     draws: int = 200,
     burn_in: int = 100,
     step_size: float = 1e-4,
     gamma: float = 100.0,
     beta: float | None = None,
-    max_rise: float = 1e3,
+    max_rise: float | None = None,
     seed: int = 0,
+    check_every: int = 25,
 ) -> dict:
-    """The LLC at `params` of the loss `loss_fn(params)` (an average over n samples)."""
+    """The LLC at the current values of `params` of the loss `loss_fn(t)` (an average over
+    n samples, or an unbiased minibatch estimate of it at SGLD step t).
+
+    `loss_star` is L_n(w*) (default: `loss_fn(-1)` at the start, for deterministic losses).
+    The tensors in `params` are moved in place while sampling and restored exactly."""
     if n < 2:
         raise ValueError(f"the LLC needs n >= 2 samples, got {n}")
+    if chains < 1 or draws < 1 or burn_in < 0 or step_size <= 0 or gamma < 0:
+        raise ValueError(f"invalid SGLD settings: chains {chains}, draws {draws}, burn_in {burn_in}, "
+                         f"step_size {step_size}, gamma {gamma}")
     beta = 1 / math.log(n) if beta is None else beta
     nb = n * beta
-    g = torch.Generator().manual_seed(seed)
+    params = list(params)
+    d = sum(p.numel() for p in params)
+    max_rise = 10.0 * d if max_rise is None else max_rise
+    device = params[0].device
+    g = torch.Generator(device=device).manual_seed(seed)
     w_star = [p.detach().clone() for p in params]
-    with torch.no_grad():
-        l_star = float(loss_fn(w_star))
-    traces, converged = [], True
-    for _ in range(chains):
-        w = [p.clone().requires_grad_(True) for p in w_star]
-        trace = []
-        for t in range(burn_in + draws):
-            loss = loss_fn(w)
-            grads = torch.autograd.grad(loss, w)
-            value = float(loss.detach())
-            if not math.isfinite(value) or (value - l_star) * nb > max_rise:
-                converged = False
-                break
+    grad_flags = [p.requires_grad for p in params]
+    steps = burn_in + draws
+    trace = torch.full((chains, steps), float("nan"), dtype=torch.float64, device=device)
+    converged = True
+    try:
+        if loss_star is None:
             with torch.no_grad():
-                for p, grad, p0 in zip(w, grads, w_star):
-                    noise = torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
-                    p.add_(-(step_size / 2) * (nb * grad + gamma * (p - p0)) + math.sqrt(step_size) * noise)
-            if t >= burn_in:
-                trace.append(value)
-        traces.append(trace)
-        if not converged:
-            break
-    if not converged:
-        return {"llc/converged": 0.0, "llc": None, "trace": traces}
-    per_chain = [nb * (sum(tr) / len(tr) - l_star) for tr in traces]
-    mean = sum(per_chain) / len(per_chain)
-    std = math.sqrt(sum((x - mean) ** 2 for x in per_chain) / max(len(per_chain) - 1, 1))
-    return {"llc/converged": 1.0, "llc": mean, "llc/std": std, "trace": torch.tensor(traces), "loss_star": l_star}
+                loss_star = float(loss_fn(-1))
+        for p in params:
+            p.requires_grad_(True)
+        for c in range(chains):
+            with torch.no_grad():
+                for p, p0 in zip(params, w_star):
+                    p.copy_(p0)
+            for t in range(steps):
+                with torch.enable_grad():
+                    loss = loss_fn(t)
+                    grads = torch.autograd.grad(loss, params)
+                trace[c, t] = loss.detach()
+                with torch.no_grad():
+                    for p, grad, p0 in zip(params, grads, w_star):
+                        noise = torch.randn(p.shape, generator=g, device=device, dtype=p.dtype)
+                        p.add_(-(step_size / 2) * (nb * grad + gamma * (p - p0)) + math.sqrt(step_size) * noise)
+                if (t + 1) % check_every == 0 or t == steps - 1:  # one host sync per check_every steps
+                    seen = trace[c, : t + 1]
+                    if not bool(torch.isfinite(seen).all()) or float(seen.max() - loss_star) * nb > max_rise:
+                        converged = False
+                        break
+            if not converged:
+                break
+    finally:
+        with torch.no_grad():
+            for p, p0, flag in zip(params, w_star, grad_flags):
+                p.copy_(p0)
+                p.requires_grad_(flag)
+    sampled = trace[:, burn_in:].double()
+    per_chain = nb * (sampled.mean(dim=1) - loss_star)
+    mean = float(per_chain.mean())
+    if not converged or mean > d:
+        return {"llc/converged": 0.0, "llc": None, "trace": trace.cpu(), "loss_star": loss_star}
+    std = float(per_chain.std()) if chains > 1 else 0.0
+    half = draws // 2
+    rise = abs(float(sampled.mean()) - loss_star)
+    drift = float((sampled[:, half:].mean() - sampled[:, :half].mean()).abs()) / max(rise, 1e-300) if half else 0.0
+    return {"llc/converged": 1.0, "llc": mean, "llc/std": std, "llc/drift": drift, "trace": trace.cpu(),
+            "loss_star": loss_star}
 
 
-def training_loss_llc(model, task, **kwargs) -> dict:
-    """`estimate_llc`'s output for a model's training loss on the task's training batch
-    (the whole set for full-batch tasks, the batch of step 0 for streaming ones)."""
-    from torch.func import functional_call
-
+def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int = 8, **kwargs) -> dict:
+    """`estimate_llc`'s output for a model's training loss: on the full training set of a
+    full-batch task, or on a fixed pool of `pool` training batches (steps 0..pool-1) of a
+    streaming one. SGLD steps use minibatches of `batch_size` examples drawn at random from
+    it (full-batch tasks; default: the whole set) or the pool's batches in turn (streaming)."""
     from phasewatch.tasks.base import masked_loss
 
     module = getattr(model, "original_model", model)
-    names = [name for name, p in module.named_parameters() if p.requires_grad]
-    params = dict(module.named_parameters())
-    batch = task.train_batch(0, None)
-    device = next(module.parameters()).device
-    batch = type(batch)(batch.tokens.to(device), batch.targets.to(device), batch.loss_mask.to(device), batch.extras)
+    params = [p for p in module.parameters() if p.requires_grad]
+    device = params[0].device
+    if task.full_batch:
+        full = task.train_batch(0, None).to(device)
+        size = len(full)
+        if batch_size is not None and not 1 <= batch_size:
+            raise ValueError(f"llc batch_size must be a positive number of examples, got {batch_size}")
+        batch_size = size if batch_size is None else min(batch_size, size)
+        pick = torch.Generator(device=device).manual_seed(kwargs.get("seed", 0) + 1)
 
-    def loss_fn(ws):
-        logits = functional_call(module, {**params, **dict(zip(names, ws))}, (batch.tokens,))
-        return masked_loss(logits, batch, task.loss_dtype)
+        def batch_at(t: int):
+            if t < 0 or batch_size == size:
+                return full
+            idx = torch.randperm(size, generator=pick, device=device)[:batch_size]
+            return type(full)(full.tokens[idx], full.targets[idx], full.loss_mask[idx], {})
 
-    with torch.enable_grad():
-        return estimate_llc(loss_fn, [params[k] for k in names], int(batch.loss_mask.sum()), **kwargs)
+        batches = [full]
+    else:
+        if pool < 1:
+            raise ValueError(f"llc pool must be at least one batch, got {pool}")
+        batches = [task.train_batch(i, batch_size).to(device) for i in range(pool)]
+
+        def batch_at(t: int):
+            return batches[t % len(batches)]
+
+    def loss_fn(t: int) -> Tensor:
+        batch = batch_at(t)
+        return masked_loss(module(batch.tokens), batch, task.loss_dtype)
+
+    n = sum(int(b.loss_mask.sum()) for b in batches)
+    with torch.no_grad():
+        counts = [int(b.loss_mask.sum()) for b in batches]
+        loss_star = sum(float(masked_loss(module(b.tokens), b, task.loss_dtype)) * k for b, k in zip(batches, counts)) / n
+    return estimate_llc(loss_fn, params, n, loss_star=loss_star, **kwargs)
 
 
-def model_llc(model, task, **kwargs) -> dict:
-    """The `llc` probe's values: `training_loss_llc` as metric keys and the trace."""
-    out = training_loss_llc(model, task, **kwargs)
-    result = {"llc/converged": out["llc/converged"], "trace": out["trace"]}
+def model_llc(model, task, **options) -> dict:
+    """The `llc` probe's values: `training_loss_llc` (with the probe's DEFAULTS for settings
+    not given) as metric keys, and the trace."""
+    out = training_loss_llc(model, task, **{**DEFAULTS, **options})
+    result = {"llc/converged": out["llc/converged"], "trace": out["trace"], "loss_star": [out["loss_star"]]}
     if out["llc"] is not None:
-        result.update({"llc/estimate": out["llc"], "llc/std": out["llc/std"]})
+        result.update({"llc/estimate": out["llc"], "llc/std": out["llc/std"], "llc/drift": out["llc/drift"]})
     return result
 
 
-@register_probe("llc", applies_to=lambda task: True, default=False)
+@register_probe("llc", applies_to=lambda task: True, default=False, schedule={"kind": "log", "count": 24})
 def llc_probe(model, task, **options) -> dict:
-    """`model_llc`; options: chains, draws, burn_in, step_size, gamma, seed."""
+    """`model_llc`; options: chains, draws, burn_in, step_size, gamma, batch_size, pool, seed
+    (defaults in DEFAULTS)."""
     return model_llc(model, task, **options)
 
 
-def calibrate_llc(model, task, step_sizes: Sequence[float] = (1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5), **kwargs) -> list[dict]:
-    """`training_loss_llc` at each SGLD step size (other settings from kwargs), with a drift
-    diagnostic per step size: how far the chains' mean loss still moves between the
-    first and the second half of the draws, relative to its rise above L(w*) (near 0
-    for a chain that has settled, as the estimator assumes).
+def calibrate_llc(model, task, step_sizes: Sequence[float] = (3e-5, 1e-4, 3e-4), **kwargs) -> list[dict]:
+    """`training_loss_llc` at each SGLD step size (other settings from kwargs, DEFAULTS
+    otherwise), with its drift diagnostic.
 
     How to choose: the largest step size that converges with small drift (< 0.1) and
     whose estimate agrees with the next smaller step size's; too small a step does not
     leave w* within the draws (the estimate grows with the step size), too large a step
     diverges ("did not converge") or drifts."""
     rows = []
+    settings = {**DEFAULTS, **kwargs}
     for eps in step_sizes:
-        out = training_loss_llc(model, task, step_size=eps, **kwargs)
-        row = {"step_size": eps, "converged": bool(out["llc/converged"]), "llc": out["llc"],
-               "std": out.get("llc/std"), "drift": None}
-        if row["converged"]:
-            trace = out["trace"].double()
-            half = trace.shape[1] // 2
-            rise = (trace.mean() - out["loss_star"]).abs().clamp_min(1e-300)
-            row["drift"] = float((trace[:, half:].mean() - trace[:, :half].mean()).abs() / rise)
-        rows.append(row)
+        out = training_loss_llc(model, task, **{**settings, "step_size": eps})
+        rows.append({"step_size": eps, "converged": bool(out["llc/converged"]), "llc": out["llc"],
+                     "std": out.get("llc/std"), "drift": out.get("llc/drift")})
     return rows
 
 

@@ -4,7 +4,9 @@ A probe is called as `fn(model, task, **options)` (options from the probe runner
 config, e.g. thresholds) and returns a dict: float values are scalars (logged as metrics under the keys its
 docstring lists); anything else (lists, tensors) is an array, saved to the run folder
 under `arrays/<probe>/<key>/step=<N>.npy`. Names are unique; `applies_to` says which
-tasks a probe can measure; `cheap` probes may run at every validation.
+tasks a probe can measure; `cheap` probes may run at every validation; a costly probe
+may name a `schedule` of its own (e.g. {"kind": "log", "count": 24}), used when the run
+does not give it one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Probe:
     applies_to: Callable[[Task], bool]
     cheap: bool = False
     default: bool | Callable[[Task], bool] = True  # run by default on (these of) the tasks it applies to
+    schedule: dict | None = None  # its own default schedule (callbacks.schedule.Schedule fields)
 
     def __call__(self, model, task: Task, **options: Any) -> dict[str, Any]:
         try:
@@ -37,13 +40,13 @@ _PROBES: dict[str, Probe] = {}
 
 
 def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = False,
-                   default: bool | Callable[[Task], bool] = True):
+                   default: bool | Callable[[Task], bool] = True, schedule: dict | None = None):
     """Function decorator: register `fn(model, task) -> dict` as probe `name`."""
 
     def decorate(fn):
         if name in _PROBES:
             raise ValueError(f"probe name {name!r} is already registered")
-        _PROBES[name] = Probe(name, fn, applies_to, cheap, default)
+        _PROBES[name] = Probe(name, fn, applies_to, cheap, default, schedule)
         return fn
 
     return decorate
