@@ -25,9 +25,10 @@ SAME = 1.5
 #: series watched by default: not the per-head / per-pair / per-frequency details
 # details left out of live detection and the report's panels by default: per-head and
 # per-frequency series (but not the compiled heads of tracr/attn_match), constant
-# baselines, per-length agreement and ablation loss deltas (their accuracies stay)
+# baselines, per-length agreement, ablation loss deltas (their accuracies stay) and the
+# LLC's diagnostics (its estimate stays)
 DETAIL = re.compile(r"(?<!attn_match)/L\d+H\d+|/key_freq/|/excluded_loss/\d|^lr$|^tracr/probe_baseline/"
-                    r"|^tracr/agreement/len|/loss_delta$")
+                    r"|^tracr/agreement/len|/loss_delta$|^llc/(std|converged|drift)$")
 
 
 class TransitionWatcher(pl.Callback):

@@ -16,9 +16,10 @@ diagnostics. Known answers (tests/unit/test_llc.py): the potentials w^2, w^4, w^
 1/2, 1/4, 1/6; a d-dimensional quadratic gives d/2.
 
 The `llc` probe applies it to a model's training loss: the full training set for
-full-batch tasks, a fixed pool of `pool` training batches for streaming ones, with
-SGLD steps on minibatches of `batch_size` examples (default: all of them). It costs
-chains x (burn_in + draws) forward and backward passes, so it is not a default probe:
+full-batch tasks, with SGLD steps on random minibatches of `batch_size` examples
+(default 256), or a fixed pool of `pool` training batches (of `batch_size`, default the
+task's own size) for streaming ones, one batch per step. It costs chains x (burn_in +
+draws) forward and backward passes, so it is not a default probe:
 ask for it with `--probes.names '[llc, ...]'` (it then runs on its own sparse schedule,
 24 log-spaced steps, unless `--probes.schedules` gives another) or after training with
 `phasewatch analyze RUN --probes llc`. Keys: `llc/estimate`, `llc/std` (across chains),
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor
 
 from phasewatch.probes.registry import register_probe
+from phasewatch.tasks.base import ConfigError
 
 #: the llc probe's defaults, calibrated on the quickstart grokking run (bench/README.md)
 DEFAULTS = {"chains": 2, "draws": 200, "burn_in": 200, "step_size": 1e-4, "gamma": 300.0, "batch_size": None}
@@ -130,7 +132,8 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
     """`estimate_llc`'s output for a model's training loss: on the full training set of a
     full-batch task, or on a fixed pool of `pool` training batches (steps 0..pool-1) of a
     streaming one. SGLD steps use minibatches of `batch_size` examples drawn at random from
-    it (full-batch tasks; default: the whole set) or the pool's batches in turn (streaming)."""
+    it (full-batch tasks; default 256) or the pool's batches in turn (streaming; default
+    size: the task's own)."""
     from phasewatch.tasks.base import masked_loss
 
     module = getattr(model, "original_model", model)
@@ -141,7 +144,7 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
         size = len(full)
         if batch_size is not None and not 1 <= batch_size:
             raise ValueError(f"llc batch_size must be a positive number of examples, got {batch_size}")
-        batch_size = size if batch_size is None else min(batch_size, size)
+        batch_size = min(256 if batch_size is None else batch_size, size)
         pick = torch.Generator(device=device).manual_seed(kwargs.get("seed", 0) + 1)
 
         def batch_at(t: int):
@@ -184,7 +187,11 @@ def model_llc(model, task, **options) -> dict:
 def llc_probe(model, task, **options) -> dict:
     """`model_llc`; options: chains, draws, burn_in, step_size, gamma, batch_size, pool, seed
     (defaults in DEFAULTS)."""
-    return model_llc(model, task, **options)
+    try:
+        return model_llc(model, task, **options)
+    except ValueError as err:
+        raise ConfigError("probes.options.llc", str(err), "Give positive chains, draws, step_size and batch_size, "
+                          "burn_in >= 0, gamma >= 0 (see bench/README.md for calibrated values).") from err
 
 
 def calibrate_llc(model, task, step_sizes: Sequence[float] = (3e-5, 1e-4, 3e-4), **kwargs) -> list[dict]:

@@ -29,9 +29,10 @@ KNOWN_PANELS = [  # (title, key prefix or exact keys, y scale)
     ("agreement with the compiled model", ("tracr/agreement",), "linear"),
     ("attention match with the compiled heads (head; path)", "tracr/attn_match/", "linear"),
     ("CKA with the compiled residual stream (best compiled site)", "tracr/cka/", "linear"),
+    ("local learning coefficient (SGLD estimate)", ("llc/estimate",), "linear"),
     ("accuracy with one layer mean-ablated", re.compile(r"ablation/L\d+\.(attn|mlp)/acc"), "linear"),
 ]
-SKIP = ("lr", "val/seq_acc", "tracr/", "ablation/", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/", "comp/",
+SKIP = ("lr", "val/seq_acc", "tracr/", "ablation/", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/", "comp/", "llc/",
         "heads/", "icl/loss_gap")
 
 

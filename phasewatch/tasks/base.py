@@ -56,13 +56,18 @@ class Batch:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return Batch(
-            self.tokens.to(device),
-            self.targets.to(device),
-            self.loss_mask.to(device),
-            {k: v.to(device) for k, v in self.extras.items()},
+            self.tokens.to(device, non_blocking=non_blocking),
+            self.targets.to(device, non_blocking=non_blocking),
+            self.loss_mask.to(device, non_blocking=non_blocking),
+            {k: v.to(device, non_blocking=non_blocking) for k, v in self.extras.items()},
         )
+
+    def pin_memory(self) -> "Batch":
+        """A copy in page-locked memory (the DataLoader calls it with pin_memory=True)."""
+        return Batch(self.tokens.pin_memory(), self.targets.pin_memory(), self.loss_mask.pin_memory(),
+                     {k: v.pin_memory() for k, v in self.extras.items()})
 
 
 def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:

@@ -20,6 +20,10 @@ from phasewatch.tasks.base import Batch, ConfigError, Task, masked_loss, masked_
 from phasewatch.trainers.model import ModelConfig, build_model, native_module
 
 
+#: device copies of recently served batches kept by TrainModule.transfer_batch_to_device
+RESIDENT_BATCHES = 16
+
+
 class StepStream(IterableDataset):
     """Endless training batches: the batch at step s is `task.train_batch(s, batch_size)`,
     starting at `start` (the step a resumed run continues from)."""
@@ -65,7 +69,9 @@ class TaskDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         start = self.trainer.global_step if self.trainer is not None else 0
-        return DataLoader(StepStream(self.task, self.batch_size, start), batch_size=None, collate_fn=_identity)
+        pin = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return DataLoader(StepStream(self.task, self.batch_size, start), batch_size=None, collate_fn=_identity,
+                          pin_memory=pin)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.task.val_batches(), batch_size=None, collate_fn=_identity)
@@ -82,9 +88,13 @@ class TrainModule(pl.LightningModule):
             so step 0 runs at lr 0); 0 disables it.
         loss_dtype: "float32" or "float64"; None uses the task's choice (grokking: float64).
         on_nonfinite: what a NaN or infinite training loss does: "stop" (default: training
-            ends at once with a message naming the step; the weights, the last checkpoint
-            and every metric so far stay as they were) or "skip" (that step's update is
-            skipped and counted in `train/skipped_steps`).
+            ends with a message naming the step; the weights, the last checkpoint and every
+            metric so far stay as they were) or "skip" (that step's update is skipped and
+            counted in `train/skipped_steps`). On the CPU the loss is checked at every step;
+            on an accelerator, reading it would stall the device every step, so the check
+            runs on the device (the fused AdamW skips a non-finite step's update there) and
+            is read at logging steps only: "stop" then ends training at the next logging
+            step, every non-finite update before it skipped.
     """
 
     def __init__(
@@ -121,6 +131,10 @@ class TrainModule(pl.LightningModule):
         self.model = build_model(self.arch, task)
         self.loss_dtype = getattr(torch, loss_dtype) if loss_dtype else task.loss_dtype
         self.skipped_steps = 0
+        self._defer_checks: bool | None = None
+        self._nonfinite: torch.Tensor | None = None  # non-finite steps since the last logging step (accelerators)
+        self._first_nonfinite: torch.Tensor | None = None
+        self._resident: dict[int, tuple[Batch, Batch]] = {}  # host batch id -> (host batch, device copy)
         # auxiliary loss terms: callables (module) -> {name: weighted scalar tensor}, added
         # to the training loss (trainers/interventions.py's aux_loss)
         self.aux_terms: list = []
@@ -134,10 +148,10 @@ class TrainModule(pl.LightningModule):
         if (self.global_step + 1) % self.trainer.log_every_n_steps:
             # not a logging step (Lightning's own rule): skip the metric bookkeeping, which
             # costs as much as a small model's step
-            return self._checked(masked_loss(logits, batch, self.loss_dtype) + sum(aux.values()))
+            return self._checked(masked_loss(logits, batch, self.loss_dtype) + sum(aux.values()), logging=False)
         task_loss, acc = masked_loss_and_acc(logits, batch, self.loss_dtype)
         loss = task_loss + sum(aux.values())
-        if self._checked(loss) is None:
+        if self._checked(loss, logging=True) is None:
             return None
         if aux:  # the loss breakdown: the task's loss and each auxiliary term (weight included)
             self.log("train/task_loss", task_loss, batch_size=len(batch))
@@ -149,20 +163,57 @@ class TrainModule(pl.LightningModule):
         self._log_step()
         return loss
 
-    def _checked(self, loss: torch.Tensor) -> torch.Tensor | None:
+    @property
+    def defer_checks(self) -> bool:
+        """Whether the non-finite check stays on the device (see `on_nonfinite`): on an
+        accelerator; tests set `_defer_checks` to run that path on the CPU."""
+        if self._defer_checks is not None:
+            return self._defer_checks
+        return self.trainer.strategy.root_device.type != "cpu"
+
+    def _checked(self, loss: torch.Tensor, logging: bool) -> torch.Tensor | None:
         """The loss, or None (no update this step) when it is NaN or infinite."""
+        if self.defer_checks:
+            return self._checked_on_device(loss, logging)
         if torch.isfinite(loss):
             return loss
         if self.hparams.on_nonfinite == "skip":
             self.skipped_steps += 1
             self.log("train/skipped_steps", float(self.skipped_steps), batch_size=1)
             return None
-        print(f"phasewatch: error: the training loss is {loss.item()} at step {self.global_step}; training stops "
-              f"here, without that update. The checkpoints and every metric so far are kept. "
+        self._stop_on_nonfinite(f"the training loss is {loss.item()} at step {self.global_step}; training stops "
+                                "here, without that update.", self.global_step)
+        return None
+
+    def _checked_on_device(self, loss: torch.Tensor, logging: bool) -> torch.Tensor:
+        """The accelerator's check: no host sync except at logging steps."""
+        bad = ~torch.isfinite(loss.detach())
+        self.optimizers().optimizer.found_inf = bad.float()  # the fused AdamW skips the update on the device
+        if self._nonfinite is None:
+            self._nonfinite = torch.zeros((), dtype=torch.long, device=loss.device)
+            self._first_nonfinite = torch.full((), -1, dtype=torch.long, device=loss.device)
+        self._first_nonfinite = torch.where((self._first_nonfinite < 0) & bad, self.global_step, self._first_nonfinite)
+        self._nonfinite = self._nonfinite + bad
+        if logging:
+            count = int(self._nonfinite)  # this step's loss is read for the log anyway
+            if count:
+                if self.hparams.on_nonfinite == "skip":
+                    self.skipped_steps += count
+                    self.log("train/skipped_steps", float(self.skipped_steps), batch_size=1)
+                else:
+                    first = int(self._first_nonfinite)
+                    self._stop_on_nonfinite(f"the training loss was not finite at {count} step(s) from step {first} "
+                                            f"to {self.global_step}; their updates were skipped and training stops "
+                                            "here.", first)
+                self._nonfinite.zero_()
+                self._first_nonfinite.fill_(-1)
+        return loss
+
+    def _stop_on_nonfinite(self, what: str, step: int) -> None:
+        print(f"phasewatch: error: {what} The checkpoints and every metric so far are kept. "
               "Lower --model.lr, or pass --model.on_nonfinite skip to skip such steps.")
         self.trainer.should_stop = True
-        self.nonfinite_step = self.global_step
-        return None
+        self.nonfinite_step = step
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["phasewatch_skipped_steps"] = self.skipped_steps
@@ -202,12 +253,26 @@ class TrainModule(pl.LightningModule):
         self._log_step()
 
     def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int) -> Batch:
-        return batch.to(device)
+        """The batch on `device`. A batch served again (a full-batch task's training set,
+        the validation set) keeps its device copy: no copy per step. Others are copied
+        without blocking (from pinned memory on CUDA, see TaskDataModule)."""
+        if device.type == "cpu":
+            return batch
+        hit = self._resident.get(id(batch))
+        if hit is not None and hit[0] is batch:
+            return hit[1]
+        moved = batch.to(device, non_blocking=True)
+        self._resident[id(batch)] = (batch, moved)
+        while len(self._resident) > RESIDENT_BATCHES:
+            self._resident.pop(next(iter(self._resident)))
+        return moved
 
     def configure_optimizers(self):
         hp = self.hparams
         params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.betas))
+        # fused on accelerators: one kernel per step, and it can skip a step on the device
+        opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.betas),
+                                fused=True if self.defer_checks else None)
         warmup = hp.warmup_steps
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / warmup) if warmup else 1.0)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -4,8 +4,11 @@ Use it for probes added after a run, or too costly to run while training (e.g. `
 it rebuilds the run's task and model from `config.yaml`, loads each saved checkpoint
 (`checkpoints/step=<N>.ckpt`, in step order) and runs the probes on it, exactly as
 during training. Scalars are appended to `metrics.jsonl` under each checkpoint's step,
-arrays go to `arrays/<probe>/<key>/step=<N>.npy`; the report and `phasewatch phases`
-then show them with everything else.
+arrays go to `arrays/<probe>/<key>/step=<N>.npy`. Transitions in the new series (those
+live detection would watch) are detected over all checkpoints and appended to
+`events.jsonl` with `detected_at` the last step and `source` "analyze", as the
+watcher does at the end of training; the report and `phasewatch phases` then show them
+with everything else.
 
 Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
 unknown probe or one that does not apply to the task, a run another process is writing,
@@ -26,6 +29,8 @@ import torch
 import yaml
 
 from phasewatch.callbacks.probes import measure, record_results
+from phasewatch.callbacks.runfiles import read_jsonl, read_series
+from phasewatch.callbacks.transitions import DETAIL
 from phasewatch.probes import get_probe
 from phasewatch.tasks.base import ConfigError, Task
 from phasewatch.trainers.model import ModelConfig
@@ -95,9 +100,30 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
             scalars = record_results(measure(module.model, module.task, probes, options or {}), store.root, step)
             if scalars:
                 store.append_jsonl(store.metrics, {"step": step, **scalars})
+        record_transitions(store, keys, last_step=list(steps)[-1])
     finally:
         store.release_lock()
     return list(steps)
+
+
+def record_transitions(store: RunStore, keys: set[str], last_step: int) -> list[dict]:
+    """Detect transitions in the watched ones among `keys` and put them in events.jsonl
+    in place of any earlier events of those keys; returns them (each also printed)."""
+    from phasewatch.probes.transitions import detect_all
+
+    watched = {k: v for k, v in read_series(store.metrics).items() if k in keys and not DETAIL.search(k)}
+    events = [{**e, "detected_at": last_step, "source": "analyze"} for e in detect_all(watched)]
+    old = list(read_jsonl(store.events)) if store.events.exists() else []
+    kept = [e for e in old if e.get("metric") not in keys]
+    if len(kept) != len(old):
+        tmp = store.events.with_name(store.events.name + ".tmp")
+        tmp.write_text("".join(json.dumps(e) + "\n" for e in kept))
+        os.replace(tmp, store.events)
+    for event in events:
+        store.append_jsonl(store.events, event)
+        print(f"phasewatch: transition in {event['metric']} ({event['direction']}) from step {event['onset']} "
+              f"to {event['end']}, midpoint {event['midpoint']}, magnitude {event['magnitude']:.4g}")
+    return events
 
 
 def _drop_keys(store: RunStore, keys: set[str]) -> None:
@@ -120,13 +146,13 @@ def analyze_run_command(argv: list[str]) -> int:
         description="Run probes over a run's saved checkpoints and add their values to its run folder.")
     parser.add_argument("run_dir")
     parser.add_argument("--probes", nargs="+", required=True, help="probe names (phasewatch tasks lists them)")
-    parser.add_argument("--options", default=None, help='JSON options per probe, e.g. \'{"llc": {"n_steps": 200}}\'')
+    parser.add_argument("--options", default=None, help='JSON options per probe, e.g. \'{"llc": {"draws": 400}}\'')
     parser.add_argument("--replace", action="store_true", help="measure keys the run already has again")
     args = parser.parse_args(argv)
     try:
         options: dict[str, Any] = json.loads(args.options) if args.options else {}
     except json.JSONDecodeError as err:
-        raise ConfigError("options", f"--options is not JSON ({err})", "Write e.g. '{\"llc\": {\"n_steps\": 200}}'.")
+        raise ConfigError("options", f"--options is not JSON ({err})", "Write e.g. '{\"llc\": {\"draws\": 400}}'.")
     steps = analyze_run(args.run_dir, args.probes, options, args.replace)
     print(f"phasewatch: {', '.join(args.probes)} measured at {len(steps)} checkpoints (steps {steps[0]}-{steps[-1]}); "
           f"values added to {RunStore(args.run_dir).metrics}")

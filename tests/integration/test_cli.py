@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from phasewatch.trainers.cli import main
@@ -167,3 +168,52 @@ def test_corrupt_checkpoint_is_named_with_the_previous_one(tmp_path, capsys):
     assert main(["fit", "--run_dir", str(run), "--ckpt_path", "last", "--no_wandb"]) == 2
     err = capsys.readouterr().err
     assert f"{last} is truncated or corrupt" in err and "step=0000008.ckpt" in err
+
+
+@pytest.fixture
+def device_side_checks(monkeypatch):
+    """The accelerator's path (fused AdamW, non-finite steps skipped on the device, read at
+    logging steps), run on the CPU."""
+    from phasewatch.trainers.module import TrainModule
+
+    monkeypatch.setattr(TrainModule, "defer_checks", property(lambda self: True))
+
+
+def test_device_side_check_trains_like_the_per_step_check(tmp_path, device_side_checks):
+    from phasewatch.trainers.run_store import read_jsonl
+
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--trainer.max_steps", "30", "--trainer.val_check_interval",
+                 "10", "--trainer.log_every_n_steps", "5"]) == 0
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["optimizer_states"][0]["param_groups"][0]["fused"] is True
+    losses = [r["train/loss"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+
+
+def test_device_side_check_skips_and_counts_nonfinite_steps(tmp_path, device_side_checks):
+    from phasewatch.trainers.run_store import read_jsonl
+
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.weight_decay", "0",
+                 "--model.warmup_steps", "0", "--model.on_nonfinite", "skip", "--trainer.max_steps", "20",
+                 "--trainer.val_check_interval", "10", "--trainer.log_every_n_steps", "5"]) == 0
+    skipped = [(r["step"], r["train/skipped_steps"]) for r in read_jsonl(run / "metrics.jsonl")
+               if "train/skipped_steps" in r]
+    # step 0 (lr 1e30) makes every later loss non-finite: all of steps 1..19 are skipped
+    assert skipped[-1] == (19, 19) and [s for _, s in skipped] == sorted(s for _, s in skipped)
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert int(ckpt["optimizer_states"][0]["state"][0]["step"]) == 1  # only step 0's update was applied
+
+
+def test_device_side_check_stops_at_the_next_logging_step(tmp_path, capsys, device_side_checks):
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.weight_decay", "0",
+              "--model.warmup_steps", "0", "--trainer.max_steps", "50", "--trainer.val_check_interval", "5",
+              "--trainer.log_every_n_steps", "5"])
+    assert exit_.value.code == 1
+    out = capsys.readouterr().out
+    assert "the training loss was not finite at 4 step(s) from step 1 to 4; their updates were skipped" in out
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 5 and int(ckpt["optimizer_states"][0]["state"][0]["step"]) == 1

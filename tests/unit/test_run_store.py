@@ -40,3 +40,30 @@ def test_a_full_disk_is_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match="MiB free on the disk"):
         RunStore(tmp_path / "run").create(min_free_bytes=free * 2)  # asks for more than the disk has
     RunStore(tmp_path / "ok").create()  # the default margin (64 MiB) is there
+
+
+def test_post_hoc_transitions_replace_earlier_events_of_the_same_series(tmp_path):
+    """`phasewatch analyze` detects transitions in the series it added (a drop at step
+    ~1,000 on 30 log-spaced checkpoints) and leaves the other events alone; its
+    diagnostics (llc/std) are not watched."""
+    import math
+
+    import numpy as np
+
+    from phasewatch.trainers.posthoc import record_transitions
+
+    store = RunStore(tmp_path)
+    store.create()
+    steps = sorted({0} | {int(round(s)) for s in np.geomspace(1, 3000, 30)})
+    for s in steps:
+        drop = 250 / (1 + math.exp(-8 * (math.log(max(s, 1)) - math.log(1000))))
+        store.append_jsonl(store.metrics, {"step": s, "llc/estimate": 300 - drop, "llc/std": 300 - drop})
+    store.append_jsonl(store.events, {"metric": "val/acc", "direction": "up", "onset": 1200, "midpoint": 1500,
+                                      "end": 1900, "magnitude": 0.9, "detected_at": 2000})
+    store.append_jsonl(store.events, {"metric": "llc/estimate", "direction": "up", "onset": 5, "midpoint": 6,
+                                      "end": 7, "magnitude": 1.0, "detected_at": 10})  # a stale earlier analysis
+    found = record_transitions(store, {"llc/estimate", "llc/std"}, last_step=3000)
+    assert [(e["metric"], e["direction"]) for e in found] == [("llc/estimate", "down")]
+    assert 700 <= found[0]["midpoint"] <= 1400 and found[0]["source"] == "analyze"
+    events = list(read_jsonl(store.events))
+    assert [e["metric"] for e in events] == ["val/acc", "llc/estimate"] and events[1] == found[0]
