@@ -67,9 +67,9 @@ def position_means(model, batches, names: set[str]) -> dict[str, torch.Tensor]:
         for name in names:
             total = cache[name].double().sum(0)
             if name not in sums:
-                sums[name] = torch.zeros((model.cfg.n_ctx, *total.shape[1:]), dtype=torch.float64)
+                sums[name] = torch.zeros((model.cfg.n_ctx, *total.shape[1:]), dtype=torch.float64, device=total.device)
             sums[name][:n_pos] += total
-        step = torch.zeros(model.cfg.n_ctx, dtype=torch.float64)
+        step = torch.zeros(model.cfg.n_ctx, dtype=torch.float64, device=batch.tokens.device)
         step[:n_pos] = len(batch.tokens)
         counts = step if counts is None else counts + step
     return {name: (s / counts.clamp_min(1).reshape(-1, *[1] * (s.dim() - 1))).float() for name, s in sums.items()}
@@ -83,7 +83,8 @@ def ablation_scores(model, task: Task, mode: str = "mean") -> dict[str, dict[str
 
         raise ConfigError("probes.options.ablation.mode", f"unknown mode {mode!r}", f"Use one of {', '.join(MODES)}.")
     comps = components(model)
-    batches = task.val_batches()
+    device = next(model.parameters()).device
+    batches = [b.to(device) for b in task.val_batches()]
     means = position_means(model, batches, {hook for _, hook, _ in comps}) if mode == "mean" else None
     totals: dict[str, list[float]] = {}
 

@@ -61,7 +61,7 @@ def fourier_basis(p: int, dtype: torch.dtype = torch.float64) -> Float[Tensor, "
 
 def component_norms(matrix: Float[Tensor, "p d"]) -> Float[Tensor, "p"]:
     """Norm of `matrix` (indexed by residue along dim 0) along each Fourier basis vector."""
-    return (fourier_basis(matrix.shape[0]) @ matrix.detach().double()).norm(dim=1)
+    return (fourier_basis(matrix.shape[0]).to(matrix.device) @ matrix.detach().double()).norm(dim=1).cpu()
 
 
 def frequency_norms(matrix: Float[Tensor, "p d"]) -> Float[Tensor, "n_freq"]:

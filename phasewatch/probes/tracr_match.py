@@ -139,16 +139,19 @@ def site_name(hook: str) -> str:
 
 def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor]]:
     """Per length: argmax predictions [batch, pos] and patterns [batch, layer, head, q, k];
-    residual activations at the input positions, rows = input x position, all lengths."""
+    residual activations at the input positions, rows = input x position, all lengths.
+    The model runs on its own device; what it returns comes back to the CPU, where the
+    compiled reference and the labels live."""
     predictions, patterns, resid = [], [], {s: [] for s in sites}
     wanted = set(sites) | {f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)}
+    device = next(model.parameters()).device
     for batch in batches:
-        logits, cache = model.run_with_cache(batch.tokens, names_filter=lambda name: name in wanted)
-        predictions.append(logits.argmax(-1))
+        logits, cache = model.run_with_cache(batch.tokens.to(device), names_filter=lambda name: name in wanted)
+        predictions.append(logits.argmax(-1).cpu())
         patterns.append(torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.cfg.n_layers)],
-                                    1).double())
+                                    1).double().cpu())
         for s in sites:
-            resid[s].append(cache[s][:, 1:].reshape(-1, cache[s].shape[-1]))
+            resid[s].append(cache[s][:, 1:].reshape(-1, cache[s].shape[-1]).cpu())
     return predictions, patterns, {s: torch.cat(v) for s, v in resid.items()}
 
 

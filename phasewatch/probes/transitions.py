@@ -206,22 +206,31 @@ def detect_transitions(
 
 def _event(metric: str, fits: list[dict], direction: list[float], k: int, m: int, tb: np.ndarray, yb: np.ndarray,
            use_log: bool) -> dict:
-    """The event of segments k..m: levels from the flat segments around them (where
-    there are), onset / midpoint / end where the binned curve passes 10% / 50% / 90% of
-    the way from the level before to the level after."""
-    def level(seg: dict, far_end: str) -> float:
-        """A flat neighbour's mean; a sloping one's values at its far end (the plateau
-        the transition leaves or reaches)."""
-        values = yb[seg["i"]:seg["j"]]
-        if direction[fits.index(seg)] == 0:
-            return float(np.mean(values))
-        return float(np.mean(values[:3] if far_end == "start" else values[-3:]))
+    """The event of segments k..m: levels from the segments around them (where there
+    are), onset / midpoint / end where the binned curve passes 10% / 50% / 90% of the way
+    from the level before to the level after."""
+    sign = direction[k]
 
-    before = level(fits[k - 1], "start") if k > 0 else fits[k]["y0"]
-    after = level(fits[m + 1], "end") if m + 1 < len(fits) else fits[m]["y1"]
+    def level(index: int, side: str) -> tuple[float, bool]:
+        """The level a neighbour gives, and whether the curve over it counts: a flat one's
+        mean; one sloping the same way, its values at its far end (the plateau the
+        transition leaves or reaches); one sloping the other way (a peak or a trough),
+        its values next to the transition, and it does not count."""
+        seg = fits[index]
+        values = yb[seg["i"]:seg["j"]]
+        if direction[index] == 0:
+            return float(np.mean(values)), True
+        same = direction[index] == sign
+        first, last = float(np.mean(values[:3])), float(np.mean(values[-3:]))
+        if side == "before":
+            return (first if same else last), same
+        return (last if same else first), same
+
+    before, with_before = level(k - 1, "before") if k > 0 else (fits[k]["y0"], False)
+    after, with_after = level(m + 1, "after") if m + 1 < len(fits) else (fits[m]["y1"], False)
     change = after - before
-    lo = fits[k - 1]["i"] if k > 0 else fits[k]["i"]
-    hi = fits[m + 1]["j"] if m + 1 < len(fits) else fits[m]["j"]
+    lo = fits[k - 1]["i"] if with_before else fits[k]["i"]
+    hi = fits[m + 1]["j"] if with_after else fits[m]["j"]
     progress = (yb[lo:hi] - before) / change if change else np.zeros(hi - lo)
 
     def first_past(frac: float, start: int = 0) -> float:

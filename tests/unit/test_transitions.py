@@ -42,6 +42,21 @@ def test_two_transitions_in_opposite_directions():
     assert abs(np.log10(events[0]["midpoint"] / 200)) < 0.1 and abs(np.log10(events[1]["midpoint"] / 5000)) < 0.1
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_peak_on_a_sparse_schedule_gives_its_rise_and_its_fall(seed):
+    """A rise at step ~80 and a fall at ~800 on 30 log-spaced checkpoints (the LLC's
+    shape over a grokking run): each transition is placed on its own side of the peak,
+    not measured from the far side of the other."""
+    rng = np.random.default_rng(seed)
+    steps = np.unique(np.round(np.geomspace(1, 3000, 30)))
+    values = 5 + 400 * sigmoid_in_log_steps(steps, 80, 0.1) - 390 * sigmoid_in_log_steps(steps, 800, 0.2)
+    up, down = detect_transitions(steps, values + rng.normal(0, 2, len(steps)), "llc")
+    assert (up["direction"], down["direction"]) == ("up", "down")
+    assert 40 <= up["midpoint"] <= 160 and 400 <= down["midpoint"] <= 1600
+    assert up["end"] < down["onset"]
+    assert up["magnitude"] > 250 and down["magnitude"] > 250
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_no_events_on_flat_noise_or_slow_drift(seed):
     rng = np.random.default_rng(seed)
