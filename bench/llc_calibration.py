@@ -1,6 +1,7 @@
 """Calibrate the LLC probe's SGLD step size on a run's own checkpoints.
 
-    python bench/llc_calibration.py runs/<name> [--steps 0 500 3000] [--step-sizes 1e-6 3e-6 ...]
+    python bench/llc_calibration.py runs/<name> [--steps 0 500 3000] [--step-sizes 3e-5 1e-4 3e-4]
+        [--gamma 300] [--chains 2] [--draws 200] [--burn-in 200] [--batch-size 256]
 
 For each chosen checkpoint (default: the first, a middle and the last saved one) and
 each step size: the estimate, its spread across chains, and the drift of the chains'
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from phasewatch.probes.llc import calibrate_llc, recommend_step_size
+from phasewatch.probes.llc import DEFAULTS, calibrate_llc, recommend_step_size
 from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module, load_weights
 
 
@@ -22,11 +23,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir")
     parser.add_argument("--steps", type=int, nargs="*", help="checkpoint steps (default: first, middle, last)")
-    parser.add_argument("--step-sizes", type=float, nargs="*", default=[1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5])
-    parser.add_argument("--chains", type=int, default=4)
-    parser.add_argument("--draws", type=int, default=200)
-    parser.add_argument("--burn-in", type=int, default=100)
-    parser.add_argument("--gamma", type=float, default=100.0)
+    parser.add_argument("--step-sizes", type=float, nargs="*", default=[3e-5, 1e-4, 3e-4])
+    parser.add_argument("--chains", type=int, default=DEFAULTS["chains"])
+    parser.add_argument("--draws", type=int, default=DEFAULTS["draws"])
+    parser.add_argument("--burn-in", type=int, default=DEFAULTS["burn_in"])
+    parser.add_argument("--gamma", type=float, default=DEFAULTS["gamma"])
+    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
     args = parser.parse_args()
     available = checkpoint_steps(args.run_dir)
     steps = args.steps or sorted({list(available)[0], list(available)[len(available) // 2], list(available)[-1]})
@@ -39,7 +41,7 @@ def main() -> None:
     for step in steps:
         load_weights(module, available[step])
         rows = calibrate_llc(module.model, module.task, args.step_sizes, chains=args.chains, draws=args.draws,
-                             burn_in=args.burn_in, gamma=args.gamma)
+                             burn_in=args.burn_in, gamma=args.gamma, batch_size=args.batch_size)
         for r in rows:
             if r["converged"]:
                 print(f"{step:10d} {r['step_size']:10.0e} {r['llc']:10.2f} {r['std']:8.2f} {r['drift']:7.3f}")
@@ -50,7 +52,7 @@ def main() -> None:
         print(f"{step:10d} recommended step size: {pick}")
     usable = [p for p in picks if p is not None]
     print(f"for the whole run: step_size {min(usable) if usable else None}, gamma {args.gamma}, "
-          f"chains {args.chains}, draws {args.draws}, burn_in {args.burn_in}")
+          f"chains {args.chains}, draws {args.draws}, burn_in {args.burn_in}, batch_size {args.batch_size}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ SAME = 1.5
 # baselines, per-length agreement, ablation loss deltas (their accuracies stay) and the
 # LLC's diagnostics (its estimate stays)
 DETAIL = re.compile(r"(?<!attn_match)/L\d+H\d+|/key_freq/|/excluded_loss/\d|^lr$|^tracr/probe_baseline/"
-                    r"|^tracr/agreement/len|/loss_delta$|^llc/(std|converged|drift)$")
+                    r"|^tracr/agreement/len|/loss_delta$|^llc/(std|converged|drift|loss_star)$")
 
 
 class TransitionWatcher(pl.Callback):

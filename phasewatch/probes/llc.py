@@ -24,8 +24,9 @@ ask for it with `--probes.names '[llc, ...]'` (it then runs on its own sparse sc
 24 log-spaced steps, unless `--probes.schedules` gives another) or after training with
 `phasewatch analyze RUN --probes llc`. Keys: `llc/estimate`, `llc/std` (across chains),
 `llc/converged`, `llc/drift` (how far the chains' mean loss still moves between the
-two halves of the draws, relative to its rise: near 0 once they have settled); arrays
-`trace` (chains x steps, the loss of every step, burn-in included) and `loss_star`.
+two halves of the draws, relative to its rise: near 0 once they have settled),
+`llc/loss_star` (L(w*) on the data used); array `trace` (chains x steps, the loss of
+every step, burn-in included; the report draws it as lines).
 
 Settings (step size, localisation gamma) are not universal: `calibrate_llc` and
 bench/llc_calibration.py measure them on a run's own checkpoints (bench/README.md).
@@ -177,7 +178,7 @@ def model_llc(model, task, **options) -> dict:
     """The `llc` probe's values: `training_loss_llc` (with the probe's DEFAULTS for settings
     not given) as metric keys, and the trace."""
     out = training_loss_llc(model, task, **{**DEFAULTS, **options})
-    result = {"llc/converged": out["llc/converged"], "trace": out["trace"], "loss_star": [out["loss_star"]]}
+    result = {"llc/converged": out["llc/converged"], "llc/loss_star": float(out["loss_star"]), "trace": out["trace"]}
     if out["llc"] is not None:
         result.update({"llc/estimate": out["llc"], "llc/std": out["llc/std"], "llc/drift": out["llc/drift"]})
     return result

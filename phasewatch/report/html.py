@@ -26,6 +26,8 @@ from phasewatch.report.curves import panel_layout
 from phasewatch.report.series import load_series
 
 REFRESH_SECONDS = 30
+#: arrays drawn as one line per row (over their columns) instead of as a heatmap
+LINES = {"trace"}  # the LLC's SGLD chains: loss per sampling step
 
 
 def _arrays(run_dir: Path) -> dict[str, dict]:
@@ -53,7 +55,8 @@ def _arrays(run_dir: Path) -> dict[str, dict]:
             mats.append(cells.tolist())
             steps.append(int(f.stem.split("=")[1]))
         if mats and all(np.shape(m) == np.shape(mats[0]) for m in mats):
-            out[f"{folder.parent.name}/{folder.name}"] = {"steps": steps, "data": mats, **_labels(folder, mats[0])}
+            out[f"{folder.parent.name}/{folder.name}"] = {"steps": steps, "data": mats, **_labels(folder, mats[0]),
+                                                          "lines": folder.name in LINES}
     return out
 
 
@@ -118,7 +121,7 @@ td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left} .note{color:
 <div class="note">Every series on a log-step axis; shaded bands are detected phase transitions.</div>
 <div id="panels"></div>
 <h2>Transitions and lead/lag</h2><div id="events"></div>
-<h2>Matrices over checkpoints</h2><div id="arrays"></div>
+<h2>Arrays over checkpoints</h2><div id="arrays"></div>
 %TRAJECTORY%
 <script id="data" type="application/json">%DATA%</script>
 <script>
@@ -186,7 +189,34 @@ function heatColor(v, lo, hi) {
   const f = hi > lo ? (v - lo) / (hi - lo) : 0.5;
   return `rgb(${Math.round(255 * Math.min(1, 2 * f))},${Math.round(255 * (1 - Math.abs(f - 0.5) * 2) * 0.85)},${Math.round(255 * Math.min(1, 2 * (1 - f)))})`;
 }
+function drawLines(name, A) {  // one line per row (e.g. an SGLD chain's loss per step), per checkpoint
+  const box = el("div", {className: "panel"}, document.getElementById("arrays"));
+  el("div", {textContent: name + " (one line per row; dashed: llc/loss_star)", style: "font-weight:600;font-size:13px"}, box);
+  const cv = el("canvas", {width: 420, height: 240}, box); cv.dataset.array = name;
+  const label = el("div", {className: "note"}, box);
+  const slider = el("input", {type: "range", min: 0, max: A.steps.length - 1, value: A.steps.length - 1, style: "width:300px"}, box);
+  slider.dataset.array = name;
+  const star = D.series["llc/loss_star"];
+  function render() {
+    const m = A.data[+slider.value], g = cv.getContext("2d"), step = A.steps[+slider.value];
+    const ref = star ? star[1][star[0].indexOf(step)] : undefined;
+    const vals = [].concat(...m).filter(v => v !== null);
+    let [lo, hi] = extent(ref === undefined ? vals : vals.concat([ref]));
+    if (!(hi > lo)) { hi = lo + 1; }
+    const n = m[0].length, L = 52, B = 20, X = j => L + j / Math.max(n - 1, 1) * (cv.width - L - 8), Y = v => cv.height - B - (v - lo) / (hi - lo) * (cv.height - B - 8);
+    g.clearRect(0, 0, cv.width, cv.height); g.strokeStyle = "#999"; g.strokeRect(L, 8, cv.width - L - 8, cv.height - B - 8);
+    m.forEach((row, i) => { g.strokeStyle = COLORS[i % COLORS.length]; g.lineWidth = 1; g.beginPath();
+      row.forEach((v, j) => { if (v === null) return; if (j) g.lineTo(X(j), Y(v)); else g.moveTo(X(j), Y(v)); }); g.stroke(); });
+    if (ref !== undefined) { g.setLineDash([4, 3]); g.strokeStyle = "#333"; g.beginPath(); g.moveTo(L, Y(ref)); g.lineTo(cv.width - 8, Y(ref)); g.stroke(); g.setLineDash([]); }
+    g.fillStyle = "#555"; g.font = "11px sans-serif";
+    for (const f of [0, 0.5, 1]) { const v = lo + f * (hi - lo); g.fillText(v.toPrecision(3), 2, Y(v) + 4); }
+    g.fillText("0", L, cv.height - 6); g.fillText(String(n - 1), cv.width - 30, cv.height - 6);
+    label.textContent = `step ${step} (checkpoint ${+slider.value + 1} of ${A.steps.length}); ${m.length} rows of ${n}`;
+  }
+  slider.addEventListener("input", render); render();
+}
 function drawArray(name, A) {
+  if (A.lines) return drawLines(name, A);
   const box = el("div", {className: "panel"}, document.getElementById("arrays"));
   el("div", {textContent: name, style: "font-weight:600;font-size:13px"}, box);
   const longest = names => Math.max(...names.map(t => t.length));  // margins for row and column names

@@ -56,6 +56,23 @@ def test_live_transition_detector_writes_events(tmp_path, capsys):
     assert len(keys) == len(set(keys))  # each reported once
 
 
+def test_llc_keeps_its_own_log_schedule_and_training_is_unaffected(tmp_path):
+    """Asked for without a schedule, llc runs at its 24 log-spaced steps; it samples the
+    model's own parameters and puts them back, so training goes on exactly as without it."""
+    from phasewatch.callbacks.schedule import Schedule
+
+    with_llc, without = tmp_path / "llc", tmp_path / "none"
+    assert fit(with_llc, *TASKS["induction"], "--probes.names", "[llc]", "--probes.options",
+               '{"llc": {"chains": 1, "draws": 4, "burn_in": 2, "pool": 2}}', steps=40) == 0
+    assert fit(without, *TASKS["induction"], "--probes.names", "[]", steps=40) == 0
+    records = list(read_jsonl(with_llc / "metrics.jsonl"))
+    steps = [r["step"] for r in records if "llc/converged" in r]
+    assert steps == Schedule(kind="log", count=24).resolve(40) and len(steps) > 15
+    assert all(r["llc/loss_star"] > 0 and "llc/estimate" in r for r in records if "llc/converged" in r)
+    losses = lambda run: [r["train/loss"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r]  # noqa: E731
+    assert losses(with_llc) == losses(without)
+
+
 def test_a_costly_probe_can_have_its_own_sparse_schedule(tmp_path):
     run = tmp_path / "run"
     assert fit(run, *TASKS["modular_addition"], "--probes.names", "[grokking, llc]",
