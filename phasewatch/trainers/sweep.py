@@ -204,6 +204,9 @@ class LocalSweep:
     def run(self) -> int:
         """Run (or resume) the sweep; 0 when every run finished, 1 when some failed, 130
         when interrupted (run the same command again to resume)."""
+        # Ctrl-C / kill -INT stop the sweep gracefully even when it was started as a background
+        # job, whose shell made it ignore SIGINT (its runs then get the default handling too)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         self.state["pid"] = os.getpid()
         self._save()
         todo = [r for r in self.state["runs"] if r["state"] in ("pending", "running", "stopped")]
