@@ -139,9 +139,11 @@ def test_wandb_failure_does_not_stop_training(tmp_path, monkeypatch):
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "val/loss" in r] == [3, 6]
 
 
-def test_resuming_from_a_checkpoint_between_validations_logs_exactly_as_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("step", [0, 17])
+def test_resuming_from_a_checkpoint_between_validations_logs_exactly_as_an_uninterrupted_run(tmp_path, step):
     """A checkpoint saved at the end of a training batch (step 17; validations at 10, 20,
-    ...): the resumed run rolls metrics.jsonl back to it and writes the same lines again."""
+    ...) or before the first one (step 0): the resumed run rolls metrics.jsonl back to it
+    and writes the same lines again, in the same order."""
     import shutil
 
     args = ["--data.task.p", "23", "--trainer.max_steps", "40", "--trainer.val_check_interval", "10",
@@ -149,6 +151,6 @@ def test_resuming_from_a_checkpoint_between_validations_logs_exactly_as_an_unint
             "--trainer.enable_progress_bar", "false", "--checkpoints.schedule", '{"kind": "list", "steps": [0, 17, 40]}']
     assert main(["fit", *args, "--run_dir", str(tmp_path / "a")]) == 0
     shutil.copytree(tmp_path / "a", tmp_path / "b")
-    ckpt = tmp_path / "b" / "checkpoints" / "step=0000017.ckpt"
+    ckpt = tmp_path / "b" / "checkpoints" / f"step={step:07d}.ckpt"
     assert main(["fit", "--run_dir", str(tmp_path / "b"), "--ckpt_path", str(ckpt)]) == 0
     assert (tmp_path / "b" / "metrics.jsonl").read_text() == (tmp_path / "a" / "metrics.jsonl").read_text()

@@ -178,18 +178,14 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_runs(tmp_path):
     assert (tmp_path / "out" / runs[0]["name"] / "metrics.jsonl").read_bytes() == first_metrics
     log = (tmp_path / "out" / "logs" / f"{runs[1]['name']}.log").read_text()
     assert "Restoring states from the checkpoint" in log or "Restored all states" in log
-    # continued without a repeat, every validation of an uninterrupted run present. (Known
-    # gap, in the session notes: after an interrupt in the first steps the resumed run's
-    # train/ lines can come one log step late and the last one can be missing, so they are
-    # checked as a subset here; resuming from later checkpoints is exact, see test_fit.py.)
+    # continued without a repeat or a gap: the same lines in the same order as the run that
+    # was never interrupted (their values differ: another weight decay)
     def layout(run):
         lines = (tmp_path / "out" / run["name"] / "metrics.jsonl").read_text().splitlines()
         return [(r["step"], tuple(sorted(r))) for r in map(json.loads, lines)]
 
     resumed, reference = layout(runs[1]), layout(runs[0])
-    assert len(resumed) == len(set(resumed))
-    assert {x for x in resumed if "val/loss" in x[1]} == {x for x in reference if "val/loss" in x[1]}
-    assert {x for x in resumed if "train/loss" in x[1]} <= {x for x in reference if "train/loss" in x[1]}
+    assert resumed == reference
     assert max(step for step, _ in resumed) == MAX_STEPS
 
 
