@@ -5,8 +5,10 @@ detects transitions in the watched series, and reports each new, finished one on
 line on the console, the event (with `detected_at`, the step at which it was detected)
 handed to every logger that has `log_event` (the run folder's events.jsonl, the W&B run
 summary). A transition counts as finished when the series has gone on for a while after
-its end (its end step x `settle`). What was reported is kept in checkpoints, so a
-resumed run does not report it again.
+its end (its end step x `settle`) and at least `points_after` more values of the series
+have been logged (a sparse series, like the LLC on its 24 steps, otherwise gets its
+transition reported half-seen, and the full one later counts as already reported).
+What was reported is kept in checkpoints, so a resumed run does not report it again.
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ class TransitionWatcher(pl.Callback):
     metrics: the series to watch (default: every logged series but per-head, per-pair and
         per-frequency details and `lr`).
     every_n_validations: how often to look (each look costs ~30 ms per series).
-    settle: report a transition once the run has reached `settle` x its end step.
+    settle: report a transition once the run has reached `settle` x its end step...
+    points_after: ... and the series has this many values after its end (at the end of
+        training every transition found is reported).
     """
 
-    def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 4, settle: float = 1.5):
+    def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 4, settle: float = 1.5,
+                 points_after: int = 3):
         self.metrics, self.every, self.settle = metrics, max(1, int(every_n_validations)), settle
+        self.points_after = points_after
         self.reported: list[dict[str, Any]] = []
         self._validations = 0
 
@@ -60,7 +66,8 @@ class TransitionWatcher(pl.Callback):
         new = []
         for key, (steps, values) in sorted(series.items()):
             for event in detect_transitions(steps, values, key):
-                if (final or step >= self.settle * event["end"]) and not self._known(event):
+                settled = step >= self.settle * event["end"] and sum(s > event["end"] for s in steps) >= self.points_after
+                if (final or settled) and not self._known(event):
                     event["detected_at"] = int(step)
                     self.reported.append(event)
                     new.append(event)

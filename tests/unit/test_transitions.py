@@ -98,3 +98,27 @@ def test_published_digit_addition_losses_drop_once_per_token_at_distinct_steps(r
     # the carry is learned first and token 1 second, as in the paper
     assert main_drops["answer_token_0"]["midpoint"] < main_drops["answer_token_1"]["midpoint"] < min(
         main_drops[f"answer_token_{i}"]["midpoint"] for i in (2, 3, 4, 5))
+
+
+def test_live_watcher_waits_for_a_sparse_series_to_go_on_before_reporting(tmp_path):
+    """The LLC of a real induction run on its 24-step schedule (phasewatch fit with the
+    llc probe, configs/induction_2l.yaml), looked at every 200 steps as training would: the
+    watcher reports its rise once, whole (midpoint ~1,470), not the first third of it."""
+    import json
+
+    import lightning.pytorch as pl
+
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 46, 65, 92, 131, 185, 262, 372, 526, 745, 1056, 1495, 2118, 3000]
+    llc = [5.2, 5.3, 5.5, 5.6, 5.9, 6.1, 6.4, 6.8, 6.9, 7.4, 7.3, 8.2, 9.0, 7.9, 9.1, 9.6, 14.2, 23.5, 42.6, 62.7,
+           142.6, 222.3, 239.1]
+    trainer = pl.Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False)
+    watcher = TransitionWatcher()
+    reported = []
+    for now in range(200, 3001, 200):
+        with open(tmp_path / "metrics.jsonl", "w") as f:
+            f.writelines(json.dumps({"step": s, "llc/estimate": v}) + "\n" for s, v in zip(steps, llc) if s <= now)
+        reported += watcher.look(trainer, now, final=now == 3000)
+    assert [(e["metric"], e["direction"]) for e in reported] == [("llc/estimate", "up")]
+    assert 1000 <= reported[0]["midpoint"] <= 2000 and reported[0]["magnitude"] > 200
