@@ -47,7 +47,6 @@ class ScheduledCheckpoints(Checkpoint):
         self._steps: set[int] = set()
         self._trainer: pl.Trainer | None = None
         self._restored_logger_states: list | None = None
-        self._check_log_counter = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
@@ -64,19 +63,15 @@ class ScheduledCheckpoints(Checkpoint):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored_logger_states = state_dict.get("logger_states")
-        self._check_log_counter = True
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
-        # Lightning decides when to write training metrics from its count of optimizer steps
-        # (`_batches_that_stepped`, equal to global_step at the start of every batch). After
-        # a restore it can be one ahead (a checkpoint saved before the first batch, step 0),
-        # which files every later train/ line after the next validation and drops the last
-        # one; set it back once, before the first resumed batch logs anything.
-        if self._check_log_counter:
-            self._check_log_counter = False
-            loop = trainer.fit_loop.epoch_loop
-            if getattr(loop, "_batches_that_stepped", None) not in (None, trainer.global_step):
-                loop._batches_that_stepped = trainer.global_step
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        # Before the first optimizer step the loops have done nothing: leave their state out,
+        # so a run resumed from step 0 starts them afresh. (Restoring Lightning's loop state
+        # from a checkpoint taken before the first batch puts its count of logging steps one
+        # ahead: every train/ line would be filed after the next validation and the last one
+        # dropped.)
+        if trainer.global_step == 0:
+            checkpoint.pop("loops", None)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._restored_logger_states is not None:

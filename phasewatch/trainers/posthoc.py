@@ -6,8 +6,8 @@ it rebuilds the run's task and model from `config.yaml`, loads each saved checkp
 during training. Scalars are appended to `metrics.jsonl` under each checkpoint's step,
 arrays go to `arrays/<probe>/<key>/step=<N>.npy`. Transitions in the new series (those
 live detection would watch) are detected over all checkpoints and appended to
-`events.jsonl` with `detected_at` the last step and `source` "analyze", as the
-watcher does at the end of training; the report and `phasewatch phases` then show them
+`events.jsonl` (without `detected_at`: found offline), replacing earlier events of the
+same series; the report and `phasewatch phases` then show them
 with everything else.
 
 Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
@@ -100,19 +100,19 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
             scalars = record_results(measure(module.model, module.task, probes, options or {}), store.root, step)
             if scalars:
                 store.append_jsonl(store.metrics, {"step": step, **scalars})
-        record_transitions(store, keys, last_step=list(steps)[-1])
+        record_transitions(store, keys)
     finally:
         store.release_lock()
     return list(steps)
 
 
-def record_transitions(store: RunStore, keys: set[str], last_step: int) -> list[dict]:
+def record_transitions(store: RunStore, keys: set[str]) -> list[dict]:
     """Detect transitions in the watched ones among `keys` and put them in events.jsonl
     in place of any earlier events of those keys; returns them (each also printed)."""
     from phasewatch.probes.transitions import detect_all
 
     watched = {k: v for k, v in read_series(store.metrics).items() if k in keys and not DETAIL.search(k)}
-    events = [{**e, "detected_at": last_step, "source": "analyze"} for e in detect_all(watched)]
+    events = detect_all(watched)  # offline detection: no detected_at (DESIGN.md)
     old = list(read_jsonl(store.events)) if store.events.exists() else []
     kept = [e for e in old if e.get("metric") not in keys]
     if len(kept) != len(old):
