@@ -69,7 +69,11 @@ class TaskDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         start = self.trainer.global_step if self.trainer is not None else 0
-        pin = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        # new batches every step are pinned (copied to the GPU without blocking); a full-batch
+        # task served whole repeats one set, which stays on the device
+        # (TrainModule.transfer_batch_to_device)
+        pin = (self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+               and not (self.task.full_batch and self.batch_size is None))
         return DataLoader(StepStream(self.task, self.batch_size, start), batch_size=None, collate_fn=_identity,
                           pin_memory=pin)
 
@@ -131,7 +135,6 @@ class TrainModule(pl.LightningModule):
         self.model = build_model(self.arch, task)
         self.loss_dtype = getattr(torch, loss_dtype) if loss_dtype else task.loss_dtype
         self.skipped_steps = 0
-        self._defer_checks: bool | None = None
         self._nonfinite: torch.Tensor | None = None  # non-finite steps since the last logging step (accelerators)
         self._first_nonfinite: torch.Tensor | None = None
         self._resident: dict[int, tuple[Batch, Batch]] = {}  # host batch id -> (host batch, device copy)
@@ -166,9 +169,7 @@ class TrainModule(pl.LightningModule):
     @property
     def defer_checks(self) -> bool:
         """Whether the non-finite check stays on the device (see `on_nonfinite`): on an
-        accelerator; tests set `_defer_checks` to run that path on the CPU."""
-        if self._defer_checks is not None:
-            return self._defer_checks
+        accelerator (tests patch this property to run that path on the CPU)."""
         return self.trainer.strategy.root_device.type != "cpu"
 
     def _checked(self, loss: torch.Tensor, logging: bool) -> torch.Tensor | None:
