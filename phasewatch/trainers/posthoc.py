@@ -10,6 +10,8 @@ live detection would watch) are detected over all checkpoints and appended to
 same series; the report and `phasewatch phases` then show them
 with everything else.
 
+Each analysis is recorded in `analyses.jsonl` (probes, options, steps, time).
+
 Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
 unknown probe or one that does not apply to the task, a run another process is writing,
 and probes whose keys the run already has (pass `replace=True` / `--replace` to drop the
@@ -22,6 +24,7 @@ import importlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,9 @@ from phasewatch.tasks.base import ConfigError, Task
 from phasewatch.trainers.model import ModelConfig
 from phasewatch.trainers.module import TrainModule
 from phasewatch.trainers.run_store import RunStore
+
+#: one line per `phasewatch analyze` of the run: probes, options, checkpoint steps, when
+ANALYSES = "analyses.jsonl"
 
 
 def load_run_module(run_dir: str | os.PathLike) -> TrainModule:
@@ -85,9 +91,10 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                           "Train with a checkpoint schedule (the default saves 30 log-spaced ones).")
     store.acquire_lock()
     try:
-        first = next(iter(steps.values()))
+        first_step, first = next(iter(steps.items()))
         load_weights(module, first)
-        keys = {k for r in measure(module.model, module.task, probes, options or {}).values() for k in r}
+        first_results = measure(module.model, module.task, probes, options or {})
+        keys = {k for r in first_results.values() for k in r}
         existing = {k for record in store.read_metrics() for k in record} & keys
         if existing and not replace:
             raise ConfigError("probes", f"{store.metrics} already has {sorted(existing)[:5]}"
@@ -96,11 +103,18 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
         if existing:
             _drop_keys(store, existing)
         for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt", disable=not progress):
-            load_weights(module, path)
-            scalars = record_results(measure(module.model, module.task, probes, options or {}), store.root, step)
+            if step == first_step:
+                results = first_results  # measured above
+            else:
+                load_weights(module, path)
+                results = measure(module.model, module.task, probes, options or {})
+            scalars = record_results(results, store.root, step)
             if scalars:
                 store.append_jsonl(store.metrics, {"step": step, **scalars})
         record_transitions(store, keys)
+        # what produced these values (a run's own probes are in config.yaml)
+        store.append_jsonl(store.root / ANALYSES, {"probes": names, "options": options or {}, "steps": list(steps),
+                                                    "replace": replace, "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     finally:
         store.release_lock()
     return list(steps)

@@ -146,6 +146,9 @@ def test_offline_grid_sweep_in_parallel_then_compare_and_analyze(tmp_path, capsy
     again = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if "grok/restricted_loss" in line]
     assert again == added  # same checkpoints, same numbers, no duplicates
+    analyses = [json.loads(line) for line in (run_dir / "analyses.jsonl").read_text().splitlines()]
+    assert [(a["probes"], a["replace"]) for a in analyses] == [(["grokking"], False), (["grokking"], True)]
+    assert analyses[0]["steps"] == [m["step"] for m in added]  # the refused analysis wrote nothing
 
 
 def test_an_interrupted_sweep_resumes_without_rerunning_finished_runs(tmp_path):
