@@ -10,9 +10,9 @@ functional re-binding) and puts back their exact values afterwards, also when it
 Chains are independent and run one after the other. A chain that leaves the basin (a
 non-finite loss, or a single draw more than `max_rise` above L(w*) on the LLC's scale,
 by default 20 x the largest possible LLC d/2), or an estimate above d (twice the largest
-possible value for d parameters), makes the result "did not converge" (`converged` False, `llc` None) instead
-of a number. The loss traces come back for
-diagnostics. Known answers (tests/unit/test_llc.py): the potentials w^2, w^4, w^6 give
+possible value for d parameters), makes the result "did not converge" (`converged`
+False, `llc` None) instead of a number. The loss traces come back for diagnostics.
+Known answers (tests/unit/test_llc.py): the potentials w^2, w^4, w^6 give
 1/2, 1/4, 1/6; a d-dimensional quadratic gives d/2.
 
 The `llc` probe applies it to a model's training loss: the full training set for
@@ -43,7 +43,7 @@ from torch import Tensor
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import ConfigError
 
-#: the llc probe's defaults, calibrated on the quickstart grokking run (bench/README.md)
+#: the llc probe's defaults, calibrated on the quickstart and induction_2l runs (bench/README.md)
 DEFAULTS = {"chains": 2, "draws": 200, "burn_in": 200, "step_size": 1e-4, "gamma": 300.0, "batch_size": None}
 
 
