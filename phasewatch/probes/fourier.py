@@ -28,7 +28,7 @@ from typing import Iterable
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from phasewatch.probes.registry import register_probe
@@ -127,12 +127,12 @@ def training_measure(model, task: ModularAddition, measure: str) -> Tensor:
                           "Use excluded_loss or restricted_loss.")
     p = task.p
     native = getattr(model, "original_model", model)
-    freqs = key_frequencies(_pair_frequencies(component_norms(neuron_logit_map(model, p))))
+    freqs = key_frequencies(frequency_norms(neuron_logit_map(model, p)))
     logits = grid_logits(native, task)
     key = project(logits, key_directions(p, freqs).to(logits.device))
     pairs = task.train_set().tokens[:, :2].to(logits.device)
-    picked = (logits - key if measure == "excluded_loss" else key + logits.mean(dim=(0, 1), keepdim=True))
-    return F.cross_entropy(picked[pairs[:, 0], pairs[:, 1]], (pairs[:, 0] + pairs[:, 1]) % p)
+    kept = logits - key if measure == "excluded_loss" else key + logits.mean(dim=(0, 1), keepdim=True)
+    return pair_loss(kept, p, pairs)
 
 
 def key_directions(p: int, freqs: Iterable[int]) -> Float[Tensor, "n p p"]:
@@ -153,9 +153,14 @@ def project(logits: Float[Tensor, "p p p"], directions: Float[Tensor, "n p p"]) 
     return torch.einsum("nc,nab->abc", coef, directions)
 
 
-def _ce(logits: Float[Tensor, "p p p"], task: ModularAddition, pairs: Tensor) -> float:
+def pair_loss(logits: Float[Tensor, "p p p"], p: int, pairs: Int[Tensor, "n 2"]) -> Tensor:
+    """Cross-entropy of the grid logits at the pairs (a, b), against (a + b) mod p."""
     picked = logits[pairs[:, 0], pairs[:, 1]]
-    return float(F.cross_entropy(picked, (pairs[:, 0] + pairs[:, 1]) % task.p))
+    return F.cross_entropy(picked, (pairs[:, 0] + pairs[:, 1]) % p)
+
+
+def _ce(logits: Float[Tensor, "p p p"], task: ModularAddition, pairs: Tensor) -> float:
+    return float(pair_loss(logits, task.p, pairs))
 
 
 def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None = None) -> dict:

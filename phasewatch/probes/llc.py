@@ -167,9 +167,9 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
         batch = batch_at(t)
         return masked_loss(module(batch.tokens), batch, task.loss_dtype)
 
-    n = sum(int(b.loss_mask.sum()) for b in batches)
+    counts = [int(b.loss_mask.sum()) for b in batches]
+    n = sum(counts)
     with torch.no_grad():
-        counts = [int(b.loss_mask.sum()) for b in batches]
         loss_star = sum(float(masked_loss(module(b.tokens), b, task.loss_dtype)) * k for b, k in zip(batches, counts)) / n
     return estimate_llc(loss_fn, params, n, loss_star=loss_star, **kwargs)
 
