@@ -189,13 +189,17 @@ function heatColor(v, lo, hi) {
   const f = hi > lo ? (v - lo) / (hi - lo) : 0.5;
   return `rgb(${Math.round(255 * Math.min(1, 2 * f))},${Math.round(255 * (1 - Math.abs(f - 0.5) * 2) * 0.85)},${Math.round(255 * Math.min(1, 2 * (1 - f)))})`;
 }
-function drawLines(name, A) {  // one line per row (e.g. an SGLD chain's loss per step), per checkpoint
+function arrayPanel(name, A, title, width, height) {  // a panel: title, canvas, caption, slider over checkpoints
   const box = el("div", {className: "panel"}, document.getElementById("arrays"));
-  el("div", {textContent: name + " (one line per row; dashed: llc/loss_star)", style: "font-weight:600;font-size:13px"}, box);
-  const cv = el("canvas", {width: 420, height: 240}, box); cv.dataset.array = name;
+  el("div", {textContent: title, style: "font-weight:600;font-size:13px"}, box);
+  const cv = el("canvas", {width, height}, box); cv.dataset.array = name;
   const label = el("div", {className: "note"}, box);
   const slider = el("input", {type: "range", min: 0, max: A.steps.length - 1, value: A.steps.length - 1, style: "width:300px"}, box);
   slider.dataset.array = name;
+  return {cv, label, slider};
+}
+function drawLines(name, A) {  // one line per row (e.g. an SGLD chain's loss per step), per checkpoint
+  const {cv, label, slider} = arrayPanel(name, A, name + " (one line per row; dashed: llc/loss_star)", 420, 240);
   const star = D.series["llc/loss_star"];
   function render() {
     const m = A.data[+slider.value], g = cv.getContext("2d"), step = A.steps[+slider.value];
@@ -217,14 +221,9 @@ function drawLines(name, A) {  // one line per row (e.g. an SGLD chain's loss pe
 }
 function drawArray(name, A) {
   if (A.lines) return drawLines(name, A);
-  const box = el("div", {className: "panel"}, document.getElementById("arrays"));
-  el("div", {textContent: name, style: "font-weight:600;font-size:13px"}, box);
   const longest = names => Math.max(...names.map(t => t.length));  // margins for row and column names
   const ml = A.rows ? 6 * longest(A.rows) + 10 : 0, mb = A.cols ? 6 * longest(A.cols) + 10 : 0;
-  const cv = el("canvas", {width: 320 + ml, height: 240 + mb}, box); cv.dataset.array = name;
-  const label = el("div", {className: "note"}, box);
-  const slider = el("input", {type: "range", min: 0, max: A.steps.length - 1, value: A.steps.length - 1, style: "width:300px"}, box);
-  slider.dataset.array = name;
+  const {cv, label, slider} = arrayPanel(name, A, name, 320 + ml, 240 + mb);
   const flat = [].concat(...A.data.map(m => [].concat(...m))).filter(v => v !== null && !Number.isNaN(v));
   const [lo, hi] = extent(flat.length ? flat : [0, 1]);
   function render() {

@@ -130,9 +130,7 @@ def record_transitions(store: RunStore, keys: set[str]) -> list[dict]:
     old = list(read_jsonl(store.events)) if store.events.exists() else []
     kept = [e for e in old if e.get("metric") not in keys]
     if len(kept) != len(old):
-        tmp = store.events.with_name(store.events.name + ".tmp")
-        tmp.write_text("".join(json.dumps(e) + "\n" for e in kept))
-        os.replace(tmp, store.events)
+        store.rewrite_jsonl(store.events, kept)
     for event in events:
         store.append_jsonl(store.events, event)
         print(f"phasewatch: transition in {event['metric']} ({event['direction']}) from step {event['onset']} "
@@ -141,15 +139,9 @@ def record_transitions(store: RunStore, keys: set[str]) -> list[dict]:
 
 
 def _drop_keys(store: RunStore, keys: set[str]) -> None:
-    """Rewrite metrics.jsonl without `keys` (atomically: a temporary file, then a rename)."""
-    lines = []
-    for record in store.read_metrics():
-        kept = {k: v for k, v in record.items() if k not in keys}
-        if set(kept) - {"step"}:
-            lines.append(json.dumps(kept) + "\n")
-    tmp = store.metrics.with_name(store.metrics.name + ".tmp")
-    tmp.write_text("".join(lines))
-    os.replace(tmp, store.metrics)
+    """Rewrite metrics.jsonl without `keys` (atomically), dropping lines left with only a step."""
+    kept = [{k: v for k, v in record.items() if k not in keys} for record in store.read_metrics()]
+    store.rewrite_jsonl(store.metrics, [r for r in kept if set(r) - {"step"}])
 
 
 def analyze_run_command(argv: list[str]) -> int:

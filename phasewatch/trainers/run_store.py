@@ -93,6 +93,12 @@ class RunStore:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
+    def rewrite_jsonl(self, path: Path, records: list[dict[str, Any]]) -> None:
+        """Replace a JSON-lines file by `records` atomically (a temporary file, then a rename)."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(tmp, path)
+
     def read_metrics(self) -> list[dict[str, Any]]:
         return list(read_jsonl(self.metrics))
 
