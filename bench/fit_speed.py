@@ -53,23 +53,12 @@ class StepTimer:
 
 def fit_seconds(config: str, steps: int) -> float:
     """Seconds `phasewatch fit` spends on steps WARMUP..steps (W&B off)."""
-    from phasewatch.trainers import cli, lightning_cli
+    from baseline_setup import fit_with_callback
 
-    original = lightning_cli.PhasewatchCLI.instantiate_trainer
-
-    def with_timer(self, **kwargs):
-        trainer = original(self, **kwargs)
-        trainer.callbacks.append(StepTimer.callback())
-        return trainer
-
-    lightning_cli.PhasewatchCLI.instantiate_trainer = with_timer
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            rc = cli.main(["fit", "--config", config, "--trainer.enable_progress_bar", "true", "--run_dir",
-                           f"{tmp}/run", "--trainer.max_steps", str(steps),
-                           "--trainer.val_check_interval", str(VAL_EVERY), "--no_wandb"])
-    finally:
-        lightning_cli.PhasewatchCLI.instantiate_trainer = original
+    with tempfile.TemporaryDirectory() as tmp:
+        rc = fit_with_callback(["--config", config, "--trainer.enable_progress_bar", "true", "--run_dir", f"{tmp}/run",
+                                "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(VAL_EVERY),
+                                "--no_wandb"], StepTimer.callback())
     assert rc == 0
     return StepTimer.elapsed
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -72,8 +71,9 @@ def loop_run(config: str, steps: int, device: str) -> dict:
 def fit_run(config: str, steps: int, device: str, probes: bool) -> dict:
     """`phasewatch fit` on the device; returns its timings and detected transitions."""
     import lightning.pytorch as pl
+    from baseline_setup import fit_with_callback
 
-    from phasewatch.trainers import cli, lightning_cli
+    from phasewatch.callbacks.runfiles import EVENTS, read_jsonl
 
     clock: dict = {}
 
@@ -91,26 +91,14 @@ def fit_run(config: str, steps: int, device: str, probes: bool) -> dict:
             _sync(device)
             clock["seconds"] = time.perf_counter() - clock["start"]
 
-    original = lightning_cli.PhasewatchCLI.instantiate_trainer
-
-    def with_clock(self, **kwargs):
-        trainer = original(self, **kwargs)
-        trainer.callbacks.append(Clock())
-        return trainer
-
     accelerator = "gpu" if device.startswith("cuda") else "cpu"
     extra = [] if probes else ["--probes.names", "[]"]
-    lightning_cli.PhasewatchCLI.instantiate_trainer = with_clock
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            run = Path(tmp) / "run"
-            rc = cli.main(["fit", "--config", config, "--run_dir", str(run), "--trainer.max_steps", str(steps),
-                           "--trainer.accelerator", accelerator, "--trainer.enable_progress_bar", "false",
-                           "--no_wandb", *extra])
-            events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()] \
-                if (run / "events.jsonl").exists() else []
-    finally:
-        lightning_cli.PhasewatchCLI.instantiate_trainer = original
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        rc = fit_with_callback(["--config", config, "--run_dir", str(run), "--trainer.max_steps", str(steps),
+                                "--trainer.accelerator", accelerator, "--trainer.enable_progress_bar", "false",
+                                "--no_wandb", *extra], Clock())
+        events = list(read_jsonl(run / EVENTS))
     if rc != 0:
         raise SystemExit(f"phasewatch fit exited with {rc}")
     grok_step, grok_seconds = clock.get("grok", (None, None))

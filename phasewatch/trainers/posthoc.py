@@ -127,7 +127,7 @@ def record_transitions(store: RunStore, keys: set[str]) -> list[dict]:
 
     watched = {k: v for k, v in read_series(store.metrics).items() if k in keys and not DETAIL.search(k)}
     events = detect_all(watched)  # offline detection: no detected_at (DESIGN.md)
-    old = list(read_jsonl(store.events)) if store.events.exists() else []
+    old = list(read_jsonl(store.events))
     kept = [e for e in old if e.get("metric") not in keys]
     if len(kept) != len(old):
         store.rewrite_jsonl(store.events, kept)
