@@ -10,7 +10,13 @@ live detection would watch) are detected over all checkpoints and appended to
 same series; the report and `phasewatch phases` then show them
 with everything else.
 
-Each analysis is recorded in `analyses.jsonl` (probes, options, steps, time).
+Each analysis is recorded in `analyses.jsonl` (probes, options, device, steps, time, and
+the id of its W&B run).
+
+The values also go to W&B, into a new run beside the training run (`<run>-analyze-<probes>`,
+job type `analyze`, the training run's config, logged against `trainer/global_step` like
+the training run; see `AnalysisRun`), unless W&B is disabled or the run was trained with
+`--no_wandb`. Probes run on `device`: the GPU when there is one, unless told otherwise.
 
 Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
 unknown probe or one that does not apply to the task, a run another process is writing,
@@ -62,9 +68,30 @@ def load_run_module(run_dir: str | os.PathLike) -> TrainModule:
 
 
 def load_weights(module: TrainModule, path: str | os.PathLike) -> TrainModule:
-    """Put a saved checkpoint's weights into the module (this project's own file)."""
+    """Put a saved checkpoint's weights into the module (this project's own file), on the
+    module's device."""
     module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
     return module
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """`auto`/None: the CUDA GPU when there is one, else the CPU; otherwise the device named,
+    refused when this machine does not have it."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigError("device", f"{device!r} is not a device ({err})", "Give --device cpu, cuda, cuda:N or auto.")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", f"{device!r} asked for, but this PyTorch sees no CUDA GPU",
+                          "Use --device cpu, or install a CUDA build of PyTorch on a machine with a GPU.")
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise ConfigError("device", f"{device!r} asked for, but there are {torch.cuda.device_count()} GPUs",
+                          f"Give --device cuda:0..cuda:{torch.cuda.device_count() - 1}.")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ConfigError("device", f"{device!r}: probes run on cpu or cuda", "Give --device cpu, cuda or auto.")
+    return resolved
 
 
 def checkpoint_steps(run_dir: str | os.PathLike) -> dict[int, Path]:
@@ -78,12 +105,16 @@ def checkpoint_steps(run_dir: str | os.PathLike) -> dict[int, Path]:
 
 
 def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str, dict] | None = None,
-                replace: bool = False, progress: bool = True) -> list[int]:
+                replace: bool = False, progress: bool = True, device: str | None = None,
+                wandb: bool = True) -> list[int]:
     """Run `names` on every saved checkpoint of the run; returns the steps measured."""
     from tqdm import tqdm
 
+    from phasewatch.trainers.wandb_logging import AnalysisRun
+
     store = RunStore(run_dir)
-    module = load_run_module(run_dir)
+    on = resolve_device(device)
+    module = load_run_module(run_dir).to(on)
     probes = [get_probe(n, module.task) for n in names]
     steps = checkpoint_steps(run_dir)
     if not steps:
@@ -102,19 +133,29 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                               "Pass --replace to measure them again (their old values are dropped).")
         if existing:
             _drop_keys(store, existing)
-        for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt", disable=not progress):
-            if step == first_step:
-                results = first_results  # measured above
-            else:
-                load_weights(module, path)
-                results = measure(module.model, module.task, probes, options or {})
-            scalars = record_results(results, store.root, step)
-            if scalars:
-                store.append_jsonl(store.metrics, {"step": step, **scalars})
-        record_transitions(store, keys)
+        config = yaml.safe_load(store.config.read_text()) if wandb else {"wandb": False}
+        wandb_run = AnalysisRun(store, config, names, options or {})
+        ok = False
+        try:
+            for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt",
+                                   disable=not progress):
+                if step == first_step:
+                    results = first_results  # measured above
+                else:
+                    load_weights(module, path)
+                    results = measure(module.model, module.task, probes, options or {})
+                scalars = record_results(results, store.root, step)
+                if scalars:
+                    store.append_jsonl(store.metrics, {"step": step, **scalars})
+                    wandb_run.log(step, scalars)
+            wandb_run.log_events(record_transitions(store, keys))
+            ok = True
+        finally:
+            wandb_run.finish(ok)
         # what produced these values (a run's own probes are in config.yaml)
-        store.append_jsonl(store.root / ANALYSES, {"probes": names, "options": options or {}, "steps": list(steps),
-                                                    "replace": replace, "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        store.append_jsonl(store.root / ANALYSES, {
+            "probes": names, "options": options or {}, "device": str(on), "steps": list(steps), "replace": replace,
+            "wandb_id": wandb_run.id, "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     finally:
         store.release_lock()
     return list(steps)
@@ -154,12 +195,17 @@ def analyze_run_command(argv: list[str]) -> int:
     parser.add_argument("--probes", nargs="+", required=True, help="probe names (phasewatch tasks lists them)")
     parser.add_argument("--options", default=None, help='JSON options per probe, e.g. \'{"llc": {"draws": 400}}\'')
     parser.add_argument("--replace", action="store_true", help="measure keys the run already has again")
+    parser.add_argument("--device", default="auto",
+                        help="where the probes run: auto (the GPU when there is one), cpu, cuda, cuda:N")
+    parser.add_argument("--no_wandb", action="store_true",
+                        help="no W&B run for this analysis (none either when the run was trained with --no_wandb)")
     args = parser.parse_args(argv)
     try:
         options: dict[str, Any] = json.loads(args.options) if args.options else {}
     except json.JSONDecodeError as err:
         raise ConfigError("options", f"--options is not JSON ({err})", "Write e.g. '{\"llc\": {\"draws\": 400}}'.")
-    steps = analyze_run(args.run_dir, args.probes, options, args.replace)
+    steps = analyze_run(args.run_dir, args.probes, options, args.replace, device=args.device,
+                        wandb=not args.no_wandb)
     print(f"phasewatch: {', '.join(args.probes)} measured at {len(steps)} checkpoints (steps {steps[0]}-{steps[-1]}); "
           f"values added to {RunStore(args.run_dir).metrics}")
     return 0

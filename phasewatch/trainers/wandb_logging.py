@@ -25,6 +25,8 @@ WANDB_ID_FILE = "wandb_id"
 
 def wandb_mode() -> str:
     """online, offline or disabled, decided without touching the network."""
+    if os.environ.get("WANDB_MODE") == "":  # set but empty: W&B's own settings would refuse it
+        del os.environ["WANDB_MODE"]
     mode = os.environ.get("WANDB_MODE")
     if mode:
         return {"dryrun": "offline", "run": "online"}.get(mode, mode)
@@ -39,8 +41,26 @@ def wandb_mode() -> str:
     return "offline"
 
 
-class SafeWandbLogger(WandbLogger):
-    """A WandbLogger whose failures become one warning and are then ignored."""
+def new_run_id() -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+def offline_hint(store: RunStore) -> str:
+    why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no login found"
+    return (f"phasewatch: W&B is offline ({why}); its files go to {store.root / 'wandb'}. "
+            f"Upload later with: wandb sync {store.root / 'wandb'}/offline-run-*")
+
+
+def transition_summary(event: dict) -> dict[str, Any]:
+    """A detected phase transition as W&B summary keys
+    `transitions/<metric>/<direction>/<onset|midpoint|end|magnitude>`."""
+    prefix = f"transitions/{event['metric']}/{event['direction']}"
+    return {f"{prefix}/{key}": event[key] for key in ("onset", "midpoint", "end", "magnitude")}
+
+
+class NeverFatal:
+    """W&B calls through `_guard`: the first failure becomes one warning, and W&B is off
+    from then on; the run folder still gets every value."""
 
     _failed = False
 
@@ -49,11 +69,15 @@ class SafeWandbLogger(WandbLogger):
             return None
         try:
             return fn(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - W&B must never stop training
+        except Exception as err:  # noqa: BLE001 - W&B must never stop the work
             self._failed = True
             warnings.warn(f"W&B logging failed and is now off for this run ({err!r}); "
                           "the run folder keeps every value.", stacklevel=2)
             return None
+
+
+class SafeWandbLogger(NeverFatal, WandbLogger):
+    """A WandbLogger whose failures become one warning and are then ignored."""
 
     @property
     def experiment(self):
@@ -72,15 +96,9 @@ class SafeWandbLogger(WandbLogger):
         return self._guard(super().after_save_checkpoint, checkpoint_callback)
 
     def log_event(self, event: dict) -> None:
-        """A detected phase transition: W&B run summary keys
-        `transitions/<metric>/<direction>/<onset|midpoint|end|magnitude>` (latest event)."""
-
-        def write():
-            prefix = f"transitions/{event['metric']}/{event['direction']}"
-            for key in ("onset", "midpoint", "end", "magnitude"):
-                self.experiment.summary[f"{prefix}/{key}"] = event[key]
-
-        self._guard(write)
+        """A detected phase transition into the run's summary (`transition_summary`; the
+        latest event of each series and direction)."""
+        self._guard(lambda: self.experiment.summary.update(transition_summary(event)))
 
     def finalize(self, status):
         """Close the W&B run at the end of fit (Lightning leaves it open, and the next
@@ -95,8 +113,6 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
     """A logger writing under `<run_dir>/wandb`, resuming the W&B run id kept in the run
     folder (a new run takes `WANDB_RUN_ID` when `wandb agent` set it, so that the run
     joins the agent's sweep); None when W&B is disabled."""
-    if os.environ.get("WANDB_MODE") == "":  # set but empty: W&B's own settings would refuse it
-        del os.environ["WANDB_MODE"]
     mode = wandb_mode()
     if mode == "disabled":
         return None
@@ -104,15 +120,66 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
     if id_file.exists():
         run_id = id_file.read_text().strip()
     else:  # `wandb agent` chooses the id of each sweep run (WANDB_RUN_ID)
-        run_id = os.environ.get("WANDB_RUN_ID") or "".join(
-            secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+        run_id = os.environ.get("WANDB_RUN_ID") or new_run_id()
         id_file.write_text(run_id + "\n")
     if mode == "offline":
-        why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no login found"
-        print(f"phasewatch: W&B is offline ({why}); its files go to {store.root / 'wandb'}. "
-              f"Upload later with: wandb sync {store.root / 'wandb'}/offline-run-*")
+        print(offline_hint(store))
     logger = SafeWandbLogger(
         name=name, project=project, save_dir=str(store.root), id=run_id, resume="allow", mode=mode,
         config=config, log_model=False,
     )
     return logger
+
+
+class AnalysisRun(NeverFatal):
+    """The W&B run of one `phasewatch analyze`: a new run in the training run's project,
+    named `<run>-analyze-<probes>` (job type `analyze`), with the training run's config
+    plus `analyze` (probes, options, the training run's W&B id). Values are logged against
+    `trainer/global_step`, the x-axis of the training run, so both plot on one chart; the
+    transitions found go to its summary as in training.
+
+    A separate run and not the training run resumed: an offline run resumed in a second
+    folder replaces the first one's history when both are synced. No W&B run when W&B is
+    disabled, or when the run was trained with `--no_wandb`.
+    """
+
+    def __init__(self, store: RunStore, config: dict[str, Any], probes: list[str], options: dict[str, Any]):
+        self.run = None
+        self.id: str | None = None
+        mode = wandb_mode()
+        if mode == "disabled" or config.get("wandb") is False:
+            return
+        trained = store.root / WANDB_ID_FILE
+        analyze = {"probes": probes, "options": options,
+                   "training_run_id": trained.read_text().strip() if trained.exists() else None}
+        if mode == "offline":
+            print(offline_hint(store))
+        self.id = new_run_id()
+        self.run = self._guard(self._start, store, config, analyze, mode)
+        if self.run is None:
+            self.id = None
+
+    def _start(self, store: RunStore, config: dict[str, Any], analyze: dict[str, Any], mode: str):
+        import wandb
+
+        run = wandb.init(project=config.get("wandb_project") or "phasewatch", id=self.id,
+                         name=f"{store.root.name}-analyze-{'-'.join(analyze['probes'])}", job_type="analyze",
+                         dir=str(store.root), mode=mode, config={**config, "analyze": analyze},
+                         reinit="create_new")
+        run.define_metric("trainer/global_step")
+        run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
+        return run
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        if self.run is not None:
+            self._guard(self.run.log, {**scalars, "trainer/global_step": step})
+
+    def log_events(self, events: list[dict]) -> None:
+        if self.run is not None:
+            for event in events:
+                self._guard(lambda e=event: self.run.summary.update(transition_summary(e)))
+
+    def finish(self, ok: bool) -> None:
+        if self.run is not None:
+            self._guard(self.run.finish, exit_code=0 if ok else 1)
+            self.run = None

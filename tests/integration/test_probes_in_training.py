@@ -5,7 +5,19 @@ import numpy as np
 from phasewatch.trainers.cli import main
 from phasewatch.trainers.run_store import read_jsonl
 
+from phasewatch.trainers.wandb_logging import transition_summary
+
+from . import wandb_records
 from .test_fit import TASKS, fit
+
+
+def by_step(records) -> dict[int, dict]:
+    """metrics.jsonl's lines merged per step."""
+    merged: dict[int, dict] = {}
+    for record in records:
+        record = dict(record)
+        merged.setdefault(record.pop("step"), {}).update(record)
+    return merged
 
 
 def test_grokking_probe_runs_on_its_schedule_and_saves_arrays(tmp_path):
@@ -37,10 +49,11 @@ def test_unknown_or_inapplicable_probe_is_refused(tmp_path, capsys):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_live_transition_detector_writes_events(tmp_path, capsys):
+def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
     assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--data.task.p", "11",
-                 "--trainer.max_steps", "300", "--trainer.val_check_interval", "10", "--no_wandb",
+                 "--trainer.max_steps", "300", "--trainer.val_check_interval", "10",
                  "--model.weight_decay", "0.1", "--model.arch.d_model", "32", "--model.arch.d_mlp", "64",
                  "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
                  "--transitions.every_n_validations", "3"]) == 0
@@ -54,6 +67,17 @@ def test_live_transition_detector_writes_events(tmp_path, capsys):
     assert f"transition in train/acc (up) from step {acc[0]['onset']}" in out
     keys = [(e["metric"], e["direction"], e["onset"]) for e in events]
     assert len(keys) == len(set(keys))  # each reported once
+
+    # the W&B run (read back from its offline transaction log) has every value of the run folder
+    (offline,) = wandb_records.offline_runs(run)
+    assert wandb_records.by_step(wandb_records.history(offline)) == by_step(read_jsonl(run / "metrics.jsonl"))
+    latest = {}  # the summary keeps the latest event of each series and direction
+    for event in events:
+        latest.update(transition_summary(event))
+    assert {k: v for k, v in wandb_records.summary(offline).items() if k.startswith("transitions/")} == latest
+    info = wandb_records.run_info(offline)
+    assert info["id"] == (run / "wandb_id").read_text().strip() and info["name"] == "run"
+    assert info["config"]["model"]["weight_decay"] == 0.1
 
 
 def test_llc_keeps_its_own_log_schedule_and_training_is_unaffected(tmp_path):

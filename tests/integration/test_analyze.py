@@ -1,0 +1,106 @@
+"""`phasewatch analyze RUN_DIR`: probes over a finished run's checkpoints, into its run
+folder and into a W&B run of its own (read back from the offline transaction log)."""
+
+import pytest
+import torch
+
+from phasewatch.trainers.cli import main
+from phasewatch.trainers.run_store import read_jsonl
+from phasewatch.trainers.wandb_logging import transition_summary
+
+from . import wandb_records
+from .test_fit import TASKS
+from .test_probes_in_training import by_step
+
+GROKKING_RUN = [*TASKS["modular_addition"], "--data.task.p", "11", "--trainer.max_steps", "300",
+                "--trainer.val_check_interval", "10", "--model.weight_decay", "0.1", "--model.arch.d_model", "32",
+                "--model.arch.d_mlp", "64", "--model.arch.n_heads", "2", "--model.arch.d_head", "16",
+                "--trainer.enable_progress_bar", "false", "--probes.names", "[]"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 300-step grokking run without probes, logged to an offline W&B run."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("WANDB_MODE", "offline")
+    run = tmp_path_factory.mktemp("analyze") / "run"
+    try:
+        assert main(["fit", "--run_dir", str(run), *GROKKING_RUN]) == 0
+    finally:
+        mp.undo()
+    return run
+
+
+def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    (training,) = wandb_records.offline_runs(trained)
+    training_log = next(training.glob("*.wandb")).read_bytes()
+    assert main(["analyze", str(trained), "--probes", "grokking", "--device", "cpu"]) == 0
+    assert "W&B is offline" in capsys.readouterr().out
+
+    added = by_step(r for r in read_jsonl(trained / "metrics.jsonl") if "grok/restricted_loss" in r)
+    assert sorted(added) == sorted(int(p.name[5:12]) for p in (trained / "checkpoints").glob("step=*.ckpt"))
+    (analysis,) = set(wandb_records.offline_runs(trained)) - {training}
+    assert wandb_records.by_step(wandb_records.history(analysis)) == added  # every value, at its step
+
+    events = [e for e in read_jsonl(trained / "events.jsonl") if e["metric"].startswith("grok/")]
+    assert events and all("detected_at" not in e for e in events)  # found offline, over all checkpoints
+    latest = {}
+    for event in events:
+        latest.update(transition_summary(event))
+    assert {k: v for k, v in wandb_records.summary(analysis).items() if k.startswith("transitions/")} == latest
+
+    info = wandb_records.run_info(analysis)
+    training_id = (trained / "wandb_id").read_text().strip()
+    assert info["name"] == "run-analyze-grokking" and info["job_type"] == "analyze" and info["id"] != training_id
+    assert info["config"]["analyze"] == {"probes": ["grokking"], "options": {}, "training_run_id": training_id}
+    assert info["config"]["model"]["weight_decay"] == 0.1  # the training run's config, to compare runs by
+    (record,) = read_jsonl(trained / "analyses.jsonl")
+    assert record["wandb_id"] == info["id"] and record["device"] == "cpu"
+    # the training run's own W&B log is left as it was
+    assert next(training.glob("*.wandb")).read_bytes() == training_log
+
+    # --no_wandb: the values again, no W&B run
+    assert main(["analyze", str(trained), "--probes", "grokking", "--replace", "--no_wandb"]) == 0
+    assert len(wandb_records.offline_runs(trained)) == 2
+    assert list(read_jsonl(trained / "analyses.jsonl"))[-1]["wandb_id"] is None
+    assert by_step(r for r in read_jsonl(trained / "metrics.jsonl") if "grok/restricted_loss" in r) == added
+
+
+def test_a_run_trained_without_wandb_is_analysed_without_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--trainer.max_steps", "8",
+                 "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "false", "--no_wandb",
+                 "--probes.names", "[]", "--model.arch.d_model", "16", "--model.arch.d_mlp", "32"]) == 0
+    assert main(["analyze", str(run), "--probes", "grokking"]) == 0
+    assert not (run / "wandb").exists()
+    assert list(read_jsonl(run / "analyses.jsonl"))[-1]["wandb_id"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a CUDA GPU")
+@pytest.mark.parametrize("device, says", [("cuda", "sees no CUDA GPU"), ("gpu0", "is not a device"),
+                                          ("meta", "probes run on cpu or cuda")])
+def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(trained, capsys, device, says):
+    before = (trained / "metrics.jsonl").read_bytes(), sorted(p.name for p in trained.rglob("*"))
+    assert main(["analyze", str(trained), "--probes", "grokking", "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "--device" in err
+    assert ((trained / "metrics.jsonl").read_bytes(), sorted(p.name for p in trained.rglob("*"))) == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_probes_on_the_gpu_give_the_cpu_values(trained, tmp_path):
+    """On a GPU machine: the same probes over the same checkpoints, on cuda and on the CPU."""
+    import shutil
+
+    values = {}
+    for device in ("cpu", "cuda"):
+        copy = tmp_path / device
+        shutil.copytree(trained, copy)
+        assert main(["analyze", str(copy), "--probes", "grokking", "heads", "--device", device, "--no_wandb",
+                     "--replace"]) == 0
+        values[device] = by_step(r for r in read_jsonl(copy / "metrics.jsonl") if "grok/restricted_loss" in r)
+    assert values["cuda"].keys() == values["cpu"].keys()
+    for step, cpu in values["cpu"].items():
+        assert values["cuda"][step] == pytest.approx(cpu, rel=1e-3, abs=1e-4), step
