@@ -1,0 +1,86 @@
+"""On a CUDA GPU (skipped without one): training and every probe give on the device what
+they give on the CPU. CI has no GPU; run these on a machine with one:
+
+    python -m pytest -q tests/integration/test_gpu.py
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from phasewatch.callbacks.probes import measure
+from phasewatch.probes import get_probe
+from phasewatch.probes.registry import probe_names
+from phasewatch.trainers.posthoc import load_run_module, load_weights
+from phasewatch.trainers.run_store import read_jsonl
+
+from .test_fit import TASKS, fit
+
+#: the device compared with the CPU
+DEVICE = "cuda"
+pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _trained(tmp_path, task):
+    """The module of a 12-step CPU run of `task`, with its last weights."""
+    run = tmp_path / "run"
+    assert fit(run, *TASKS[task], "--probes.names", "[]") == 0
+    module = load_run_module(run)
+    return load_weights(module, run / "checkpoints" / "last.ckpt")
+
+
+def _plain(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return value
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_probe_gives_the_cpu_values_on_the_device(tmp_path, task):
+    module = _trained(tmp_path, task)
+    names = [n for n in probe_names() if get_probe(n).applies_to(module.task) and n != "llc"]
+    probes = [get_probe(n) for n in names]
+    on_cpu = measure(module.model, module.task, probes, {})
+    module.to(DEVICE)
+    on_device = measure(module.model, module.task, probes, {})
+    assert on_device.keys() == on_cpu.keys() == set(names)
+    for name in names:
+        assert on_device[name].keys() == on_cpu[name].keys(), name
+        for key, cpu in on_cpu[name].items():
+            got, want = _plain(on_device[name][key]), _plain(cpu)
+            if isinstance(want, float):
+                assert got == pytest.approx(want, rel=1e-3, abs=1e-4), (name, key)
+            elif isinstance(want, np.ndarray) and want.dtype.kind == "f":
+                np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4, err_msg=f"{name} {key}")
+            else:  # labels (heads, pairs, frequencies) and counts
+                assert np.array_equal(np.asarray(got), np.asarray(want)), (name, key)
+
+
+def test_llc_on_the_device_converges_and_puts_the_weights_back(tmp_path):
+    module = _trained(tmp_path, "modular_addition").to(DEVICE)
+    before = {k: v.clone() for k, v in module.model.state_dict().items()}
+    options = {"llc": {"chains": 2, "draws": 50, "burn_in": 50}}
+    values = measure(module.model, module.task, [get_probe("llc")], options)["llc"]
+    assert values["llc/converged"] == 1.0 and 0 < values["llc/estimate"] < sum(p.numel() for p in before.values())
+    assert _plain(values["trace"]).shape == (2, 100)
+    after = module.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_training_on_the_device_follows_the_cpu_run(tmp_path):
+    """The same 12 steps on the CPU and on the device (fused AdamW, the deferred
+    non-finite check, device-resident batches): the same losses up to float error, and
+    the probes ran inside the device run."""
+    accelerator = {"cuda": "gpu"}.get(DEVICE, DEVICE)
+    runs = {"cpu": tmp_path / "cpu", "device": tmp_path / "device"}
+    for name, where in (("cpu", "cpu"), ("device", accelerator)):
+        assert fit(runs[name], *TASKS["modular_addition"], "--trainer.accelerator", where,
+                   "--trainer.devices", "1") == 0
+
+    def series(run, key):
+        return {r["step"]: r[key] for r in read_jsonl(run / "metrics.jsonl") if key in r}
+
+    for key in ("train/loss", "val/loss", "grok/restricted_loss"):
+        cpu, device = series(runs["cpu"], key), series(runs["device"], key)
+        assert cpu and device.keys() == cpu.keys(), key
+        assert list(device.values()) == pytest.approx(list(cpu.values()), rel=1e-2, abs=1e-3), key
