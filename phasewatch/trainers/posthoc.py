@@ -15,7 +15,7 @@ the id of its W&B run).
 
 The values also go to W&B, into a new run beside the training run (`<run>-analyze-<probes>`,
 job type `analyze`, the training run's config, logged against `trainer/global_step` like
-the training run; see `AnalysisRun`), unless W&B is disabled or the run was trained with
+the training run; see `make_analysis_logger`), unless W&B is disabled or the run was trained with
 `--no_wandb`. Probes run on `device`: the GPU when there is one, unless told otherwise.
 
 Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
@@ -110,7 +110,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     """Run `names` on every saved checkpoint of the run; returns the steps measured."""
     from tqdm import tqdm
 
-    from phasewatch.trainers.wandb_logging import AnalysisRun
+    from phasewatch.trainers.wandb_logging import make_analysis_logger
 
     store = RunStore(run_dir)
     on = resolve_device(device)
@@ -134,7 +134,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
         if existing:
             _drop_keys(store, existing)
         config = yaml.safe_load(store.config.read_text()) if wandb else {"wandb": False}
-        wandb_run = AnalysisRun(store, config, names, options or {})
+        wandb_logger = make_analysis_logger(store, config, names, options or {})
         ok = False
         try:
             for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt",
@@ -147,15 +147,21 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                 scalars = record_results(results, store.root, step)
                 if scalars:
                     store.append_jsonl(store.metrics, {"step": step, **scalars})
-                    wandb_run.log(step, scalars)
-            wandb_run.log_events(record_transitions(store, keys))
+                    if wandb_logger:
+                        wandb_logger.log_metrics(scalars, step=step)
+            events = record_transitions(store, keys)
+            if wandb_logger:
+                for event in events:
+                    wandb_logger.log_event(event)
             ok = True
         finally:
-            wandb_run.finish(ok)
+            if wandb_logger:
+                wandb_logger.finalize("success" if ok else "failed")
         # what produced these values (a run's own probes are in config.yaml)
         store.append_jsonl(store.root / ANALYSES, {
             "probes": names, "options": options or {}, "device": str(on), "steps": list(steps), "replace": replace,
-            "wandb_id": wandb_run.id, "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            "wandb_id": wandb_logger.version if wandb_logger and not wandb_logger.failed else None,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     finally:
         store.release_lock()
     return list(steps)

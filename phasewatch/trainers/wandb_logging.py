@@ -1,4 +1,5 @@
-"""Weights & Biases through Lightning's WandbLogger, never fatal to a training run.
+"""Weights & Biases through Lightning's WandbLogger, never fatal to a training run or
+an analysis (`phasewatch analyze` logs to a W&B run of its own: `make_analysis_logger`).
 
 Mode: `WANDB_MODE` when the user set it; otherwise online when an API key is available
 (the `WANDB_API_KEY` variable or a `~/.netrc` entry written by `wandb login`), offline
@@ -58,9 +59,8 @@ def transition_summary(event: dict) -> dict[str, Any]:
     return {f"{prefix}/{key}": event[key] for key in ("onset", "midpoint", "end", "magnitude")}
 
 
-class NeverFatal:
-    """W&B calls through `_guard`: the first failure becomes one warning, and W&B is off
-    from then on; the run folder still gets every value."""
+class SafeWandbLogger(WandbLogger):
+    """A WandbLogger whose failures become one warning and are then ignored."""
 
     _failed = False
 
@@ -69,15 +69,16 @@ class NeverFatal:
             return None
         try:
             return fn(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - W&B must never stop the work
+        except Exception as err:  # noqa: BLE001 - W&B must never stop training
             self._failed = True
             warnings.warn(f"W&B logging failed and is now off for this run ({err!r}); "
                           "the run folder keeps every value.", stacklevel=2)
             return None
 
-
-class SafeWandbLogger(NeverFatal, WandbLogger):
-    """A WandbLogger whose failures become one warning and are then ignored."""
+    @property
+    def failed(self) -> bool:
+        """True once a W&B call failed (W&B is then off for this run)."""
+        return self._failed
 
     @property
     def experiment(self):
@@ -131,55 +132,29 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
     return logger
 
 
-class AnalysisRun(NeverFatal):
+
+def make_analysis_logger(store: RunStore, config: dict[str, Any], probes: list[str],
+                         options: dict[str, Any]) -> SafeWandbLogger | None:
     """The W&B run of one `phasewatch analyze`: a new run in the training run's project,
     named `<run>-analyze-<probes>` (job type `analyze`), with the training run's config
-    plus `analyze` (probes, options, the training run's W&B id). Values are logged against
-    `trainer/global_step`, the x-axis of the training run, so both plot on one chart; the
-    transitions found go to its summary as in training.
+    plus `analyze` (probes, options, the training run's W&B id). Its values are logged
+    against `trainer/global_step`, the training run's x-axis, so both plot on one chart;
+    transitions go to its summary as in training.
 
-    A separate run and not the training run resumed: an offline run resumed in a second
-    folder replaces the first one's history when both are synced. No W&B run when W&B is
-    disabled, or when the run was trained with `--no_wandb`.
+    A separate run, not the training run resumed: an offline run resumed in a second folder
+    replaces the first one's history when both are synced. None when W&B is disabled or
+    the run was trained with `--no_wandb`.
     """
-
-    def __init__(self, store: RunStore, config: dict[str, Any], probes: list[str], options: dict[str, Any]):
-        self.run = None
-        self.id: str | None = None
-        mode = wandb_mode()
-        if mode == "disabled" or config.get("wandb") is False:
-            return
-        trained = store.root / WANDB_ID_FILE
-        analyze = {"probes": probes, "options": options,
-                   "training_run_id": trained.read_text().strip() if trained.exists() else None}
-        if mode == "offline":
-            print(offline_hint(store))
-        self.id = new_run_id()
-        self.run = self._guard(self._start, store, config, analyze, mode)
-        if self.run is None:
-            self.id = None
-
-    def _start(self, store: RunStore, config: dict[str, Any], analyze: dict[str, Any], mode: str):
-        import wandb
-
-        run = wandb.init(project=config.get("wandb_project") or "phasewatch", id=self.id,
-                         name=f"{store.root.name}-analyze-{'-'.join(analyze['probes'])}", job_type="analyze",
-                         dir=str(store.root), mode=mode, config={**config, "analyze": analyze},
-                         reinit="create_new")
-        run.define_metric("trainer/global_step")
-        run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
-        return run
-
-    def log(self, step: int, scalars: dict[str, float]) -> None:
-        if self.run is not None:
-            self._guard(self.run.log, {**scalars, "trainer/global_step": step})
-
-    def log_events(self, events: list[dict]) -> None:
-        if self.run is not None:
-            for event in events:
-                self._guard(lambda e=event: self.run.summary.update(transition_summary(e)))
-
-    def finish(self, ok: bool) -> None:
-        if self.run is not None:
-            self._guard(self.run.finish, exit_code=0 if ok else 1)
-            self.run = None
+    mode = wandb_mode()
+    if mode == "disabled" or config.get("wandb") is False:
+        return None
+    trained = store.root / WANDB_ID_FILE
+    analyze = {"probes": probes, "options": options,
+               "training_run_id": trained.read_text().strip() if trained.exists() else None}
+    if mode == "offline":
+        print(offline_hint(store))
+    return SafeWandbLogger(
+        name=f"{store.root.name}-analyze-{'-'.join(probes)}", project=config.get("wandb_project") or "phasewatch",
+        save_dir=str(store.root), id=new_run_id(), mode=mode, config={**config, "analyze": analyze},
+        job_type="analyze", log_model=False,
+    )

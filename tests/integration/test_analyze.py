@@ -78,6 +78,21 @@ def test_a_run_trained_without_wandb_is_analysed_without_it(tmp_path, monkeypatc
     assert list(read_jsonl(run / "analyses.jsonl"))[-1]["wandb_id"] is None
 
 
+def test_a_wandb_failure_does_not_stop_the_analysis(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # trained without a W&B run, W&B still on in its config
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--trainer.max_steps", "8",
+                 "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "false",
+                 "--probes.names", "[]", "--model.arch.d_model", "16", "--model.arch.d_mlp", "32"]) == 0
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    (run / "wandb").write_text("not a directory")  # W&B cannot create its folder
+    with pytest.warns(UserWarning, match="W&B logging failed"):
+        assert main(["analyze", str(run), "--probes", "grokking"]) == 0
+    steps = sorted(int(p.name[5:12]) for p in (run / "checkpoints").glob("step=*.ckpt"))
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "grok/restricted_loss" in r] == steps
+    assert list(read_jsonl(run / "analyses.jsonl"))[-1]["wandb_id"] is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a CUDA GPU")
 @pytest.mark.parametrize("device, says", [("cuda", "sees no CUDA GPU"), ("gpu0", "is not a device"),
                                           ("meta", "probes run on cpu or cuda")])
