@@ -132,7 +132,6 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
     return logger
 
 
-
 def make_analysis_logger(store: RunStore, config: dict[str, Any], probes: list[str],
                          options: dict[str, Any]) -> SafeWandbLogger | None:
     """The W&B run of one `phasewatch analyze`: a new run in the training run's project,
