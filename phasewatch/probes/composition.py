@@ -81,7 +81,7 @@ def composition_scores(model) -> dict[str, Float[Tensor, "layer head layer head"
         "k": composition_matrix(ov_u, ov_v, qk_v.transpose(-2, -1), qk_u.transpose(-2, -1)),  # B^T = W_K W_Q^T
         "v": composition_matrix(ov_u, ov_v, ov_u, ov_v),
     }
-    layer = torch.arange(n_layers).repeat_interleave(n_heads)
+    layer = torch.arange(n_layers, device=w["W_Q"].device).repeat_interleave(n_heads)
     invalid = layer[:, None] >= layer[None, :]
     return {k: s.masked_fill(invalid, float("nan")).reshape(n_layers, n_heads, n_layers, n_heads)
             for k, s in scores.items()}
