@@ -187,19 +187,41 @@ def plot_command(argv: list[str]) -> int:
 
 
 def analyze_command(argv: list[str]) -> int:
-    """`analyze RUN_DIR --probes ...` (a folder: trainers/posthoc.py) or `analyze FILE.pth`."""
-    if argv and Path(argv[0]).is_dir():
-        from phasewatch.trainers.posthoc import analyze_run_command
-
-        return analyze_run_command(argv)
+    """`analyze RUN_DIR --probes ...` (a run folder: trainers/posthoc.py) or `analyze FILE.pth`
+    (a checkpoint of the grokking paper's code)."""
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="phasewatch analyze",
-        description="Losses and grokking progress measures of a checkpoint saved by the code of Nanda et al. 2023.")
-    parser.add_argument("checkpoint", help="a .pth file, e.g. ../shared/reference/progress-measures-paper/"
-                                           "wd_10-1_mod_addition_loss_curve.pth")
+        description="RUN_DIR --probes NAME ...: run probes over a run folder's saved checkpoints and add their "
+                    "values, and the transitions found in them, to the folder (and to a W&B run of their own). "
+                    "FILE.pth: print the losses and grokking progress measures of a checkpoint saved by the code "
+                    "of Nanda et al. 2023.")
+    parser.add_argument("target", metavar="RUN_DIR|FILE.pth",
+                        help="a run folder of phasewatch fit, or a .pth file such as ../shared/reference/"
+                             "progress-measures-paper/wd_10-1_mod_addition_loss_curve.pth")
+    folder = parser.add_argument_group("for a run folder")
+    folder.add_argument("--probes", nargs="+", help="probe names, e.g. llc (an unknown name gets the list)")
+    folder.add_argument("--options", default=None, help='JSON options per probe, e.g. \'{"llc": {"draws": 400}}\'')
+    folder.add_argument("--replace", action="store_true", help="measure keys the run already has again")
+    folder.add_argument("--device", default="auto",
+                        help="where the probes run: auto (the GPU when there is one; default), cpu, cuda, cuda:N")
+    folder.add_argument("--no_wandb", action="store_true",
+                        help="no W&B run for this analysis (none either when the run was trained with --no_wandb)")
     args = parser.parse_args(argv)
+    if Path(args.target).is_dir():
+        if not args.probes:
+            print("phasewatch: error: probes: analyze RUN_DIR needs the probes to run. Give e.g. --probes llc.",
+                  file=sys.stderr)
+            return 2
+        from phasewatch.trainers.posthoc import analyze_run_command
+
+        return analyze_run_command(args)
+    if args.probes or args.options or args.replace or args.no_wandb or args.device != "auto":
+        print(f"phasewatch: error: {args.target} is not a run folder; --probes, --options, --replace, --device and "
+              "--no_wandb apply to run folders. Give a run folder, or the .pth file alone.", file=sys.stderr)
+        return 2
+    args.checkpoint = args.target
     if not Path(args.checkpoint).is_file():
         print(f"phasewatch: error: {args.checkpoint} is not a file", file=sys.stderr)
         return 2

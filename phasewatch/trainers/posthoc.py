@@ -191,27 +191,14 @@ def _drop_keys(store: RunStore, keys: set[str]) -> None:
     store.rewrite_jsonl(store.metrics, [r for r in kept if set(r) - {"step"}])
 
 
-def analyze_run_command(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="phasewatch analyze",
-        description="Run probes over a run's saved checkpoints and add their values to its run folder.")
-    parser.add_argument("run_dir")
-    parser.add_argument("--probes", nargs="+", required=True, help="probe names (phasewatch tasks lists them)")
-    parser.add_argument("--options", default=None, help='JSON options per probe, e.g. \'{"llc": {"draws": 400}}\'')
-    parser.add_argument("--replace", action="store_true", help="measure keys the run already has again")
-    parser.add_argument("--device", default="auto",
-                        help="where the probes run: auto (the GPU when there is one), cpu, cuda, cuda:N")
-    parser.add_argument("--no_wandb", action="store_true",
-                        help="no W&B run for this analysis (none either when the run was trained with --no_wandb)")
-    args = parser.parse_args(argv)
+def analyze_run_command(args) -> int:
+    """`phasewatch analyze RUN_DIR --probes ...` with the arguments parsed by the CLI."""
     try:
         options: dict[str, Any] = json.loads(args.options) if args.options else {}
     except json.JSONDecodeError as err:
         raise ConfigError("options", f"--options is not JSON ({err})", "Write e.g. '{\"llc\": {\"draws\": 400}}'.")
-    steps = analyze_run(args.run_dir, args.probes, options, args.replace, device=args.device,
+    steps = analyze_run(args.target, args.probes, options, args.replace, device=args.device,
                         wandb=not args.no_wandb)
     print(f"phasewatch: {', '.join(args.probes)} measured at {len(steps)} checkpoints (steps {steps[0]}-{steps[-1]}); "
-          f"values added to {RunStore(args.run_dir).metrics}")
+          f"values added to {RunStore(args.target).metrics}")
     return 0

@@ -119,3 +119,16 @@ def test_probes_on_the_gpu_give_the_cpu_values(trained, tmp_path):
     assert values["cuda"].keys() == values["cpu"].keys()
     for step, cpu in values["cpu"].items():
         assert values["cuda"][step] == pytest.approx(cpu, rel=1e-3, abs=1e-4), step
+
+
+def test_analyze_says_what_each_kind_of_target_needs(trained, tmp_path, capsys):
+    assert main(["analyze", str(trained)]) == 2
+    assert "needs the probes to run" in capsys.readouterr().err
+    paper_file = tmp_path / "model.pth"
+    paper_file.write_bytes(b"")
+    assert main(["analyze", str(paper_file), "--probes", "llc"]) == 2
+    assert "apply to run folders" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["analyze", "--help"])
+    help_text = capsys.readouterr().out
+    assert "RUN_DIR|FILE.pth" in help_text and "--probes" in help_text and "--device" in help_text
