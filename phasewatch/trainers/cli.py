@@ -2,7 +2,7 @@
 
     phasewatch fit --config configs/quickstart.yaml [--model.lr 3e-4 ...] [--run_dir runs/x]
     phasewatch fit --run_dir runs/x --ckpt_path last          # resume that run
-    phasewatch tasks                                           # list tasks and tracr programs
+    phasewatch tasks                                           # list tasks, tracr programs and probes
 
 Every config field is a dotted flag (`phasewatch fit --help` lists them). Invalid values
 stop before training with one line naming the field and the fix (exit status 2).
@@ -29,7 +29,7 @@ commands:
   sweep     run a W&B sweep file locally: phasewatch sweep sweeps/grokking.yaml [--parallel 2]
   compare   hyperparameters and transition steps of runs or a sweep: phasewatch compare runs/sweep-grokking
   trajectory  PCA paths of a run's checkpoints (logits, weights): phasewatch trajectory RUN_DIR
-  tasks     list the tasks and the tracr programs they can run
+  tasks     list the tasks, the tracr programs they can run, and the probes
 
 phasewatch fit --help lists every configuration flag.
 """
@@ -161,6 +161,22 @@ def list_tasks() -> None:
     for name, spec in sorted(PROGRAMS.items()):
         print(f"  {name:14s} {spec.summary} (vocab {list(spec.vocab)}, max_seq_len {spec.max_seq_len}, "
               f"{'causal' if spec.causal else 'non-causal'})")
+    list_probes({name: task_class(name)() for name in task_names()})
+
+
+def list_probes(tasks: dict) -> None:
+    """Which probe measures which task (with the task's default settings; * = run by default)."""
+    from phasewatch.probes import default_probes, get_probe, probe_names
+
+    print("\nprobes (fit --probes.names [...], analyze RUN_DIR --probes ...), the tasks they measure with their "
+          "default settings (* = run by default):")
+    defaults = {name: default_probes(task) for name, task in tasks.items()}
+    for probe in map(get_probe, probe_names()):
+        on = sorted((n for n, t in tasks.items() if probe.applies_to(t)), key=lambda n: (probe.name not in defaults[n], n))
+        when = "cheap: every validation" if probe.cheap else (
+            f"own schedule: {probe.schedule['count']} {probe.schedule['kind']}-spaced steps" if probe.schedule
+            else "on the probe schedule")
+        print(f"  {probe.name:14s} {', '.join(n + ('*' if probe.name in defaults[n] else '') for n in on):58s} {when}")
 
 
 def plot_command(argv: list[str]) -> int:

@@ -79,10 +79,17 @@ def test_cli_start_up_imports_no_heavy_modules():
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
-def test_tasks_command_lists_tasks_and_programs(capsys):
+def test_tasks_command_lists_tasks_programs_and_probes(capsys):
+    from phasewatch.probes import probe_names
+
     assert main(["tasks"]) == 0
     out = capsys.readouterr().out
     assert "modular_addition" in out and "reverse" in out and "frac_prevs" in out
+    probes = {line.split()[0]: line.split(None, 1)[1] for line in out.split("probes (")[1].splitlines()[1:]}
+    assert sorted(probes) == probe_names()
+    assert probes["grokking"].split()[0] == "modular_addition*"  # the grokking task's default, for it alone
+    assert "*" not in probes["llc"] and "24 log-spaced" in probes["llc"]  # on request, on its own schedule
+    assert probes["tracr"].split()[0] == "rasp*" and "induction*" in probes["heads"]
 
 
 def test_phases_command_on_the_published_csv(reference_dir, capsys):
