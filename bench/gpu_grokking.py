@@ -2,6 +2,7 @@
 
     python bench/gpu_grokking.py [--config configs/grokking_nanda2023.yaml] [--steps N]
                                  [--device cuda] [--out bench/RESULTS.md]
+                                 [--parts loop,fit,bare] [--state bench/gpu_grokking_state.json]
 
 In one process, one after the other on the same device: (1) a hand-written loop (the
 config's model as a plain module, its full training batch resident on the device,
@@ -12,12 +13,18 @@ steps per second, the first validation with test accuracy > 99% and the wall tim
 it; for the phasewatch run also the detected transitions of the paper's measures (its
 events.jsonl). Appends a dated section to `--out` (bench/RESULTS.md). Target: phasewatch
 with the default probes at >= 0.9x the hand-written loop's steps per second.
+
+Where one command may run only so long (the device tool: 10 minutes), run the parts in
+separate commands on the same machine, e.g. `--parts loop,bare` then `--parts fit`: each
+part's result is kept in `--state` (ignored by git) under the config, steps and device,
+and the report is written once all three are there.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import tempfile
@@ -44,8 +51,10 @@ def loop_run(config: str, steps: int, device: str) -> dict:
     train = task.train_batch(0, cfg["data"].get("batch_size")).to(device)
     (test,) = [b.to(device) for b in task.val_batches()]
     every = cfg["trainer"].get("val_check_interval", 100)
+    # fused on a GPU, as phasewatch does: the baseline gets the same one-kernel optimizer step
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=hp.lr,
-                            weight_decay=hp.weight_decay, betas=tuple(hp.betas))
+                            weight_decay=hp.weight_decay, betas=tuple(hp.betas),
+                            fused=True if device.startswith("cuda") else None)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / hp.warmup_steps) if hp.warmup_steps else 1.0)
     grok_step = grok_seconds = None
     _sync(device)
@@ -140,16 +149,34 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="default: the config's trainer.max_steps")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="bench/RESULTS.md")
+    ap.add_argument("--parts", default="loop,fit,bare",
+                    help="which runs now (loop, fit, bare), comma-separated; the others come from --state")
+    ap.add_argument("--state", default="bench/gpu_grokking_state.json", help="results of earlier parts")
     a = ap.parse_args()
     import yaml
 
     steps = a.steps or yaml.safe_load(open(a.config))["trainer"]["max_steps"]
-    loop = loop_run(a.config, steps, a.device)
-    print(f"hand-written loop: {loop}", file=sys.stderr)
-    fit = fit_run(a.config, steps, a.device, probes=True)
-    print(f"phasewatch fit: {({k: v for k, v in fit.items() if k != 'events'})}", file=sys.stderr)
-    bare = fit_run(a.config, steps, a.device, probes=False)
-    text = report(a.config, steps, a.device, loop, fit, bare)
+    parts = [p for p in a.parts.split(",") if p]
+    if set(parts) - {"loop", "fit", "bare"}:
+        ap.error(f"--parts takes loop, fit and bare, not {a.parts!r}")
+    state_file = Path(a.state)
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    key = f"{a.config} {steps} {a.device}"
+    done = state.setdefault(key, {})
+    for part in parts:
+        if part == "loop":
+            done[part] = loop_run(a.config, steps, a.device)
+        else:
+            done[part] = fit_run(a.config, steps, a.device, probes=part == "fit")
+        print(f"{part}: {({k: v for k, v in done[part].items() if k != 'events'})}", file=sys.stderr)
+        state_file.write_text(json.dumps(state, indent=1))
+    missing = [p for p in ("loop", "fit", "bare") if p not in done]
+    if missing:
+        print(f"kept in {state_file}; still to run for the report: --parts {','.join(missing)}", file=sys.stderr)
+        return 0
+    text = report(a.config, steps, a.device, done["loop"], done["fit"], done["bare"])
+    del state[key]  # reported: a later sitting measures again
+    state_file.write_text(json.dumps(state, indent=1))
     out = Path(a.out)
     out.write_text((out.read_text() + "\n" if out.exists() else "# Benchmark results\n\n") + text)
     print(text)
