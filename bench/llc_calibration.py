@@ -8,7 +8,9 @@ each step size: the estimate, its spread across chains, and the drift of the cha
 mean loss between the two halves of the draws (probes/llc.py: calibrate_llc), then the
 step size `recommend_step_size` picks at every checkpoint. Use the smallest of the
 recommendations for the whole run (`phasewatch analyze RUN --probes llc --options
-'{"llc": {"step_size": ...}}'`), so that one setting is valid at every checkpoint.
+'{"llc": {"step_size": ...}}'`), so that one setting is valid at every checkpoint; where
+no step size passes at some checkpoint, it says so, names smaller ones to try and exits
+with status 1 (no whole-run setting).
 """
 
 from __future__ import annotations
@@ -50,8 +52,15 @@ def main() -> None:
         pick = recommend_step_size(rows)
         picks.append(pick)
         print(f"{step:10d} recommended step size: {pick}")
-    usable = [p for p in picks if p is not None]
-    print(f"for the whole run: step_size {min(usable) if usable else None}, gamma {args.gamma}, "
+    failed = [step for step, pick in zip(steps, picks) if pick is None]
+    if failed:
+        # one setting must hold at every checkpoint: none of these step sizes does
+        smallest = min(args.step_sizes)
+        print(f"for the whole run: none of these step sizes passed at checkpoint(s) "
+              f"{', '.join(map(str, failed))}. Try smaller ones (e.g. --step-sizes {smallest / 10:.0e} "
+              f"{smallest / 3:.0e} {smallest:.0e}) with more steps (--burn-in 500 --draws 500).")
+        raise SystemExit(1)
+    print(f"for the whole run: step_size {min(picks)}, gamma {args.gamma}, "
           f"chains {args.chains}, draws {args.draws}, burn_in {args.burn_in}, batch_size {args.batch_size}")
 
 

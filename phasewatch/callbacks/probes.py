@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from phasewatch.callbacks.schedule import Schedule
-from phasewatch.probes import default_probes, get_probe
+from phasewatch.probes import check_options, default_probes, get_probe
 
 #: probe outputs that are sets worth following: key frequencies, classified heads, composing pairs
 TRACKED = ("key_freqs",)
@@ -44,7 +44,7 @@ class ProbeRunner(pl.Callback):
                  every_validation: bool = True, options: dict[str, dict] | None = None,
                  schedules: dict[str, Schedule] | None = None):
         self.names, self.schedule, self.every_validation = names, schedule.validate(), every_validation
-        self.options = options or {}
+        self.options = check_options(options or {}, "probes.options")
         self.schedules = {k: v.validate() for k, v in (schedules or {}).items()}
         # when each tracked set changed: key -> [(step, labels)]
         self.history: dict[str, list[tuple[int, list[str]]]] = {}

@@ -7,6 +7,6 @@ Importing this package registers every probe: `grokking` (probes/fourier.py),
 """
 
 from phasewatch.probes import ablation, composition, digits, fourier, heads, llc, tracr_match  # noqa: F401  (registration)
-from phasewatch.probes.registry import Probe, default_probes, get_probe, probe_names, register_probe
+from phasewatch.probes.registry import Probe, check_options, default_probes, get_probe, probe_names, register_probe
 
-__all__ = ["Probe", "default_probes", "get_probe", "probe_names", "register_probe"]
+__all__ = ["Probe", "check_options", "default_probes", "get_probe", "probe_names", "register_probe"]

@@ -66,6 +66,25 @@ def get_probe(name: str, task: Task | None = None) -> Probe:
     return probe
 
 
+def check_options(options: dict, field: str, running: list[str] | None = None) -> dict[str, dict]:
+    """`options` checked: a mapping from probe names (those in `running` when given) to
+    keyword mappings, so that a misspelt name cannot be ignored silently."""
+    if not isinstance(options, dict):
+        raise ConfigError(field, f"expected a mapping from probe names to options, got {options!r}",
+                          'Write e.g. {"llc": {"step_size": 3e-5}}.')
+    allowed = probe_names() if running is None else running
+    for name, kwargs in options.items():
+        if name not in allowed:
+            what = "a registered probe" if running is None else "a probe being run"
+            raise ConfigError(field, f"options for {name!r}, which is not {what}",
+                              f"Key the options by a probe name ({', '.join(allowed)})"
+                              f"{'' if running is None else ', or add the probe to --probes'}.")
+        if not isinstance(kwargs, dict):
+            raise ConfigError(f"{field}.{name}", f"expected a mapping of option names to values, got {kwargs!r}",
+                              f'Write e.g. {{"{name}": {{"option": value}}}}.')
+    return options
+
+
 def default_probes(task: Task) -> list[str]:
     return [n for n, p in sorted(_PROBES.items())
             if p.applies_to(task) and (p.default(task) if callable(p.default) else p.default)]

@@ -40,7 +40,7 @@ import yaml
 from phasewatch.callbacks.probes import measure, record_results
 from phasewatch.callbacks.runfiles import read_jsonl, read_series
 from phasewatch.callbacks.transitions import DETAIL
-from phasewatch.probes import get_probe
+from phasewatch.probes import check_options, get_probe
 from phasewatch.tasks.base import ConfigError, Task
 from phasewatch.trainers.model import ModelConfig
 from phasewatch.trainers.module import TrainModule
@@ -197,6 +197,7 @@ def analyze_run_command(args) -> int:
         options: dict[str, Any] = json.loads(args.options) if args.options else {}
     except json.JSONDecodeError as err:
         raise ConfigError("options", f"--options is not JSON ({err})", "Write e.g. '{\"llc\": {\"draws\": 400}}'.")
+    check_options(options, "options", running=list(args.probes))
     steps = analyze_run(args.target, args.probes, options, args.replace, device=args.device,
                         wandb=not args.no_wandb)
     print(f"phasewatch: {', '.join(args.probes)} measured at {len(steps)} checkpoints (steps {steps[0]}-{steps[-1]}); "

@@ -128,6 +128,12 @@ def test_analyze_says_what_each_kind_of_target_needs(trained, tmp_path, capsys):
     paper_file.write_bytes(b"")
     assert main(["analyze", str(paper_file), "--probes", "llc"]) == 2
     assert "apply to run folders" in capsys.readouterr().err
+    before = (trained / "metrics.jsonl").read_bytes()
+    assert main(["analyze", str(trained), "--probes", "grokking", "--options", '{"llc": {"step_size": 3e-5}}']) == 2
+    assert "options for 'llc', which is not a probe being run" in capsys.readouterr().err
+    assert main(["analyze", str(trained), "--probes", "llc", "--options", '{"llc": 3e-5}']) == 2
+    assert "options.llc: expected a mapping of option names" in capsys.readouterr().err
+    assert (trained / "metrics.jsonl").read_bytes() == before
     with pytest.raises(SystemExit):
         main(["analyze", "--help"])
     help_text = capsys.readouterr().out

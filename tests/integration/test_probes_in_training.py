@@ -49,6 +49,15 @@ def test_unknown_or_inapplicable_probe_is_refused(tmp_path, capsys):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_options_for_a_misspelt_probe_are_refused_not_ignored(tmp_path, capsys):
+    """Options keyed by a name no probe has would otherwise be dropped without a word."""
+    assert main(["fit", "--run_dir", str(tmp_path / "a"), "--probes.options", '{"lcc": {"step_size": 3e-5}}',
+                 "--no_wandb"]) == 2
+    err = capsys.readouterr().err
+    assert "options for 'lcc', which is not a registered probe" in err and "llc" in err
+    assert not (tmp_path / "a").exists()
+
+
 def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
