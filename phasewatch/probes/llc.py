@@ -35,6 +35,7 @@ bench/llc_calibration.py measure them on a run's own checkpoints (bench/README.m
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Callable, Sequence
 
 import torch
@@ -188,6 +189,12 @@ def model_llc(model, task, **options) -> dict:
 def llc_probe(model, task, **options) -> dict:
     """`model_llc`; options: chains, draws, burn_in, step_size, gamma, batch_size, pool, seed
     (defaults in DEFAULTS)."""
+    if "step_size" not in options:
+        # shown once per process: the default is calibrated on two configs, not on every model
+        warnings.warn(f"llc: the default SGLD step size {DEFAULTS['step_size']:g} was calibrated on "
+                      "configs/quickstart.yaml and induction_2l.yaml; on another model a too-large step inflates "
+                      "the LLC (2x on the paper's grokking config). Check it on this run's checkpoints with "
+                      "bench/llc_calibration.py and set probes.options.llc.step_size (docs/llc.md).", stacklevel=2)
     try:
         return model_llc(model, task, **options)
     except ValueError as err:

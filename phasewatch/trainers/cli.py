@@ -218,7 +218,9 @@ def analyze_command(argv: list[str]) -> int:
                              "progress-measures-paper/wd_10-1_mod_addition_loss_curve.pth")
     folder = parser.add_argument_group("for a run folder")
     folder.add_argument("--probes", nargs="+", help="probe names, e.g. llc (an unknown name gets the list)")
-    folder.add_argument("--options", default=None, help='JSON options per probe, e.g. \'{"llc": {"draws": 400}}\'')
+    folder.add_argument("--options", default=None,
+                        help='JSON options per probe, on top of those in the run\'s config (probes.options), '
+                             'e.g. \'{"llc": {"draws": 400}}\'')
     folder.add_argument("--replace", action="store_true", help="measure keys the run already has again")
     folder.add_argument("--device", default="auto",
                         help="where the probes run: auto (the GPU when there is one; default), cpu, cuda, cuda:N")

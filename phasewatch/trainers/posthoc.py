@@ -10,8 +10,10 @@ live detection would watch) are detected over all checkpoints and appended to
 same series; the report and `phasewatch phases` then show them
 with everything else.
 
-Each analysis is recorded in `analyses.jsonl` (probes, options, device, steps, time, and
-the id of its W&B run).
+Probes get the options the run's config gave them (`probes.options`, e.g. the LLC step
+size calibrated for its model), updated with `options` (`--options`). Each analysis is
+recorded in `analyses.jsonl` (probes, the options used, device, steps, time, and the id
+of its W&B run).
 
 The values also go to W&B, into a new run beside the training run (`<run>-analyze-<probes>`,
 job type `analyze`, the training run's config, logged against `trainer/global_step` like
@@ -67,6 +69,15 @@ def load_run_module(run_dir: str | os.PathLike) -> TrainModule:
     return TrainModule(task=task, **model_cfg)
 
 
+def run_options(run_dir: str | os.PathLike, names: list[str], given: dict[str, dict]) -> dict[str, dict]:
+    """The options for the probes `names`: those the run's config gives them
+    (`probes.options`, e.g. a step size calibrated for its model), updated with `given`."""
+    cfg = yaml.safe_load(RunStore(run_dir).config.read_text()) or {}
+    saved = (cfg.get("probes") or {}).get("options") or {}
+    merged = {n: {**(saved.get(n) or {}), **(given.get(n) or {})} for n in names}
+    return {n: o for n, o in merged.items() if o}
+
+
 def load_weights(module: TrainModule, path: str | os.PathLike) -> TrainModule:
     """Put a saved checkpoint's weights into the module (this project's own file), on the
     module's device."""
@@ -116,6 +127,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     on = resolve_device(device)
     module = load_run_module(run_dir).to(on)
     probes = [get_probe(n, module.task) for n in names]
+    options = run_options(run_dir, names, options or {})
     steps = checkpoint_steps(run_dir)
     if not steps:
         raise ConfigError("run_dir", f"no step=<N>.ckpt checkpoints in {store.checkpoints}",
@@ -124,7 +136,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     try:
         first_step, first = next(iter(steps.items()))
         load_weights(module, first)
-        first_results = measure(module.model, module.task, probes, options or {})
+        first_results = measure(module.model, module.task, probes, options)
         keys = {k for r in first_results.values() for k in r}
         existing = {k for record in store.read_metrics() for k in record} & keys
         if existing and not replace:
@@ -134,7 +146,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
         if existing:
             _drop_keys(store, existing)
         config = yaml.safe_load(store.config.read_text()) if wandb else {"wandb": False}
-        wandb_logger = make_analysis_logger(store, config, names, options or {})
+        wandb_logger = make_analysis_logger(store, config, names, options)
         ok = False
         try:
             for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt",
@@ -143,7 +155,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                     results = first_results  # measured above
                 else:
                     load_weights(module, path)
-                    results = measure(module.model, module.task, probes, options or {})
+                    results = measure(module.model, module.task, probes, options)
                 scalars = record_results(results, store.root, step)
                 if scalars:
                     store.append_jsonl(store.metrics, {"step": step, **scalars})
@@ -159,7 +171,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                 wandb_logger.finalize("success" if ok else "failed")
         # what produced these values (a run's own probes are in config.yaml)
         store.append_jsonl(store.root / ANALYSES, {
-            "probes": names, "options": options or {}, "device": str(on), "steps": list(steps), "replace": replace,
+            "probes": names, "options": options, "device": str(on), "steps": list(steps), "replace": replace,
             "wandb_id": wandb_logger.version if wandb_logger and not wandb_logger.failed else None,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     finally:

@@ -93,6 +93,27 @@ def test_a_wandb_failure_does_not_stop_the_analysis(tmp_path, monkeypatch):
     assert list(read_jsonl(run / "analyses.jsonl"))[-1]["wandb_id"] is None
 
 
+def test_probes_get_the_runs_configured_options_under_those_given(trained, tmp_path):
+    """A run whose config sets probe options (e.g. an LLC step size calibrated for its
+    model) is analysed with them; --options overrides single settings."""
+    import shutil
+
+    import numpy as np
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["probes"]["options"] = {"llc": {"chains": 1, "draws": 4, "burn_in": 3, "step_size": 1e-5},
+                                   "heads": {"unused": 1}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["analyze", str(run), "--probes", "llc", "--no_wandb", "--options", '{"llc": {"draws": 6}}']) == 0
+    analysis = list(read_jsonl(run / "analyses.jsonl"))[-1]  # the fixture's run may have been analysed before
+    assert analysis["probes"] == ["llc"] and analysis["options"] == {"llc": {"chains": 1, "draws": 6, "burn_in": 3, "step_size": 1e-5}}
+    traces = sorted((run / "arrays" / "llc" / "trace").glob("step=*.npy"))
+    assert traces and all(np.load(t).shape == (1, 3 + 6) for t in traces)  # 1 chain of burn-in + draws
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a CUDA GPU")
 @pytest.mark.parametrize("device, says", [("cuda", "sees no CUDA GPU"), ("gpu0", "is not a device"),
                                           ("meta", "probes run on cpu or cuda")])

@@ -2,10 +2,12 @@
 the probe on a real model (its parameters come back exactly)."""
 
 import math
+import warnings
 
 import pytest
 import torch
 
+from phasewatch.probes import get_probe
 from phasewatch.probes.llc import calibrate_llc, estimate_llc, model_llc, recommend_step_size
 from phasewatch.tasks import make_task
 from phasewatch.trainers.model import ModelConfig, build_model
@@ -130,3 +132,15 @@ def test_recommendation_needs_agreeing_settled_neighbours():
     assert recommend_step_size(rows) == 3e-5
     rows[1]["drift"] = 0.5  # not settled
     assert recommend_step_size(rows) is None
+
+
+def test_the_probe_warns_when_it_runs_on_the_uncalibrated_default_step_size(trained_small_model):
+    """The default step size is calibrated on two configs; elsewhere it may inflate the LLC
+    (2x on the paper's grokking config), so a run that does not set it is told how to check."""
+    model, task = trained_small_model
+    probe, cheap = get_probe("llc", task), {"chains": 1, "draws": 5, "burn_in": 2}
+    with pytest.warns(UserWarning, match="bench/llc_calibration.py"):
+        probe(model, task, **cheap)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert probe(model, task, step_size=1e-4, **cheap)["llc/converged"] == 1.0
