@@ -191,8 +191,8 @@ def llc_probe(model, task, **options) -> dict:
     (defaults in DEFAULTS)."""
     if "step_size" not in options:
         # shown once per process: the default is calibrated on two configs, not on every model
-        warnings.warn(f"llc: the default SGLD step size {DEFAULTS['step_size']:g} was calibrated on "
-                      "configs/quickstart.yaml and induction_2l.yaml; on another model a too-large step inflates "
+        warnings.warn(f"llc: no step size given; the default SGLD step size {DEFAULTS['step_size']:g} was calibrated "
+                      "on configs/quickstart.yaml and induction_2l.yaml only; on another model a too-large step inflates "
                       "the LLC (2x on the paper's grokking config). Check it on this run's checkpoints with "
                       "bench/llc_calibration.py and set probes.options.llc.step_size (docs/llc.md).", stacklevel=2)
     try:
