@@ -22,6 +22,7 @@ from lightning.pytorch.loggers import WandbLogger
 from phasewatch.trainers.run_store import RunStore
 
 WANDB_ID_FILE = "wandb_id"
+WANDB_GROUP_FILE = "wandb_group"  # the training run's W&B group (WANDB_RUN_GROUP), for its analyses
 
 
 def wandb_mode() -> str:
@@ -113,7 +114,9 @@ class SafeWandbLogger(WandbLogger):
 def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str, Any]) -> SafeWandbLogger | None:
     """A logger writing under `<run_dir>/wandb`, resuming the W&B run id kept in the run
     folder (a new run takes `WANDB_RUN_ID` when `wandb agent` set it, so that the run
-    joins the agent's sweep); None when W&B is disabled."""
+    joins the agent's sweep); None when W&B is disabled. The run's group
+    (`WANDB_RUN_GROUP`, e.g. set by `phasewatch sweep`) is kept in the folder too, for
+    the runs of `phasewatch analyze`."""
     mode = wandb_mode()
     if mode == "disabled":
         return None
@@ -123,11 +126,14 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
     else:  # `wandb agent` chooses the id of each sweep run (WANDB_RUN_ID)
         run_id = os.environ.get("WANDB_RUN_ID") or new_run_id()
         id_file.write_text(run_id + "\n")
+    group = os.environ.get("WANDB_RUN_GROUP") or None  # passed on: W&B reads its environment once per process
+    if group:
+        (store.root / WANDB_GROUP_FILE).write_text(group + "\n")
     if mode == "offline":
         print(offline_hint(store))
     logger = SafeWandbLogger(
         name=name, project=project, save_dir=str(store.root), id=run_id, resume="allow", mode=mode,
-        config=config, log_model=False,
+        config=config, group=group, log_model=False,
     )
     return logger
 
@@ -136,7 +142,8 @@ def make_analysis_logger(store: RunStore, config: dict[str, Any], probes: list[s
                          options: dict[str, Any]) -> SafeWandbLogger | None:
     """The W&B run of one `phasewatch analyze`: a new run in the training run's project,
     named `<run>-analyze-<probes>` (job type `analyze`), with the training run's config
-    plus `analyze` (probes, options, the training run's W&B id). Its values are logged
+    plus `analyze` (probes, options, the training run's W&B id), in the training run's
+    group when it had one (e.g. its sweep's). Its values are logged
     against `trainer/global_step`, the training run's x-axis, so both plot on one chart;
     transitions go to its summary as in training.
 
@@ -150,10 +157,12 @@ def make_analysis_logger(store: RunStore, config: dict[str, Any], probes: list[s
     trained = store.root / WANDB_ID_FILE
     analyze = {"probes": probes, "options": options,
                "training_run_id": trained.read_text().strip() if trained.exists() else None}
+    group_file = store.root / WANDB_GROUP_FILE
+    group = group_file.read_text().strip() if group_file.exists() else os.environ.get("WANDB_RUN_GROUP")
     if mode == "offline":
         print(offline_hint(store))
     return SafeWandbLogger(
         name=f"{store.root.name}-analyze-{'-'.join(probes)}", project=config.get("wandb_project") or "phasewatch",
         save_dir=str(store.root), id=new_run_id(), mode=mode, config={**config, "analyze": analyze},
-        job_type="analyze", log_model=False,
+        job_type="analyze", group=group or None, log_model=False,
     )

@@ -67,6 +67,23 @@ def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, 
     assert by_step(r for r in read_jsonl(trained / "metrics.jsonl") if "grok/restricted_loss" in r) == added
 
 
+def test_the_analysis_run_joins_the_training_runs_group(tmp_path, monkeypatch):
+    """A sweep's runs are grouped under its name (WANDB_RUN_GROUP); their analyses, run
+    later without that variable, join the same group."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "sweep-x")
+    run = tmp_path / "run"
+    short = [a if a != "300" else "30" for a in GROKKING_RUN]  # 30 steps
+    assert main(["fit", "--run_dir", str(run), *short]) == 0
+    (training,) = wandb_records.offline_runs(run)
+    assert wandb_records.run_info(training)["group"] == "sweep-x"
+    monkeypatch.delenv("WANDB_RUN_GROUP")
+    assert main(["analyze", str(run), "--probes", "grokking"]) == 0
+    (analysis,) = set(wandb_records.offline_runs(run)) - {training}
+    info = wandb_records.run_info(analysis)
+    assert info["group"] == "sweep-x" and info["job_type"] == "analyze"
+
+
 def test_a_run_trained_without_wandb_is_analysed_without_it(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"

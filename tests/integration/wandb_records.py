@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK = 32 * 1024
@@ -23,7 +24,25 @@ def offline_runs(run_folder: Path) -> list[Path]:
     return sorted((Path(run_folder) / "wandb").glob("offline-run-*"))
 
 
-def read_records(offline_run: Path) -> list:
+def read_records(offline_run: Path, wait: float = 30.0) -> list:
+    """The run's records, once the file ends with W&B's `exit` record: `finish()` returns
+    to the caller while W&B's service process may still be writing the file."""
+    deadline = time.monotonic() + wait
+    from google.protobuf.message import DecodeError
+
+    while True:
+        try:
+            records = _parse(offline_run)
+        except DecodeError:  # a record cut off mid-write
+            records = []
+        if records and records[-1].WhichOneof("record_type") == "exit":
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{offline_run} has no exit record after {wait:.0f} s: the run was not finished")
+        time.sleep(0.2)
+
+
+def _parse(offline_run: Path) -> list:
     from wandb.proto import wandb_internal_pb2
 
     (path,) = Path(offline_run).glob("run-*.wandb")
