@@ -136,12 +136,17 @@ def measure(model, task, probes: list, options: dict[str, dict]) -> dict[str, di
         model.train(was_training)
 
 
+def is_scalar(value: Any) -> bool:
+    """A probe value logged as a metric (a number); anything else is saved as an array."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def record_results(results: dict[str, dict[str, Any]], run_dir: Path, step: int) -> dict[str, float]:
     """Save the array values under `run_dir/arrays/<probe>/<key>/step=<N>.npy`; return the scalars."""
     scalars: dict[str, float] = {}
     for probe, values in results.items():
         for key, value in values.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if is_scalar(value):
                 scalars[key] = float(value)
             else:
                 folder = run_dir / "arrays" / probe / key

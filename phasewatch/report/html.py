@@ -4,7 +4,8 @@ What it shows: every series on a log-step axis in panels by family (losses, accu
 grokking measures, head scores, composition, ...), the detected transitions as shaded
 bands (from events.jsonl, or detected now when the run has none), the lead/lag summary
 against val/loss, and the array measurements (composition [L,H,L,H] tensors, head-score
-[L,H] matrices, the grokking spectrum) as heatmaps with a slider over checkpoints. The
+[L,H] matrices, the grokking spectrum) as heatmaps with a slider over checkpoints (one
+colour range over all checkpoints; log10 for positive values spanning over three decades). The
 data are embedded as JSON and drawn by a small script on <canvas>; nothing is fetched.
 Opening it as `report.html#checkpoint=K` puts every slider at checkpoint K.
 `live=True` adds a meta refresh, for the copy a running training rewrites.
@@ -226,15 +227,17 @@ function drawArray(name, A) {
   const {cv, label, slider} = arrayPanel(name, A, name, 320 + ml, 240 + mb);
   const flat = [].concat(...A.data.map(m => [].concat(...m))).filter(v => v !== null && !Number.isNaN(v));
   const [lo, hi] = extent(flat.length ? flat : [0, 1]);
+  // positive values over more than three decades (e.g. a Fourier spectrum): colour by log10
+  const logScale = lo > 0 && hi / lo > 1e3, c = v => (logScale && v !== null && v > 0 ? Math.log10(v) : v);
   function render() {
     const m = A.data[+slider.value], g = cv.getContext("2d");
     g.clearRect(0, 0, cv.width, cv.height);
     const rows = m.length, cols = m[0].length, cw = (cv.width - ml) / cols, ch = (cv.height - mb) / rows;
-    m.forEach((row, i) => row.forEach((v, j) => { g.fillStyle = heatColor(v, lo, hi); g.fillRect(ml + j * cw, i * ch, Math.ceil(cw), Math.ceil(ch)); }));
+    m.forEach((row, i) => row.forEach((v, j) => { g.fillStyle = heatColor(c(v), c(lo), c(hi)); g.fillRect(ml + j * cw, i * ch, Math.ceil(cw), Math.ceil(ch)); }));
     g.fillStyle = "#333"; g.font = "10px sans-serif";
     if (A.rows) { g.textAlign = "right"; A.rows.forEach((t, i) => g.fillText(t, ml - 4, i * ch + ch / 2 + 3)); }
     if (A.cols) A.cols.forEach((t, j) => { g.save(); g.translate(ml + j * cw + cw / 2 + 3, cv.height - mb + 4); g.rotate(Math.PI / 2); g.textAlign = "left"; g.fillText(t, 0, 0); g.restore(); });
-    label.textContent = `step ${A.steps[+slider.value]} (checkpoint ${+slider.value + 1} of ${A.steps.length}); colour range ${lo.toPrecision(3)} to ${hi.toPrecision(3)}`;
+    label.textContent = `step ${A.steps[+slider.value]} (checkpoint ${+slider.value + 1} of ${A.steps.length}); colour range ${lo.toPrecision(3)} to ${hi.toPrecision(3)}${logScale ? " (log scale)" : ""}`;
   }
   slider.addEventListener("input", render); render();
 }

@@ -22,8 +22,8 @@ the training run; see `make_analysis_logger`), unless W&B is disabled or the run
 
 Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
 unknown probe or one that does not apply to the task, a run another process is writing,
-and probes whose keys the run already has (pass `replace=True` / `--replace` to drop the
-old values of those keys first).
+and probes whose keys the run already has, in metrics.jsonl or as arrays (pass
+`replace=True` / `--replace` to drop the old values of those keys first, arrays included).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 import yaml
 
-from phasewatch.callbacks.probes import measure, record_results
+from phasewatch.callbacks.probes import is_scalar, measure, record_results
 from phasewatch.callbacks.runfiles import read_jsonl, read_series
 from phasewatch.callbacks.transitions import DETAIL
 from phasewatch.probes import check_options, get_probe
@@ -139,12 +140,20 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
         first_results = measure(module.model, module.task, probes, options)
         keys = {k for r in first_results.values() for k in r}
         existing = {k for record in store.read_metrics() for k in record} & keys
-        if existing and not replace:
-            raise ConfigError("probes", f"{store.metrics} already has {sorted(existing)[:5]}"
-                                        f"{f' and {len(existing) - 5} more' if len(existing) > 5 else ''}",
+        # array values (arrays/<probe>/<key>/step=<N>.npy) are kept per step: old ones at
+        # steps this analysis does not measure would mix with the new ones
+        arrays = [store.root / "arrays" / p / k for p, r in first_results.items() for k, v in r.items()
+                  if not is_scalar(v)]
+        old_arrays = [a for a in arrays if any(a.glob("step=*.npy"))]
+        found = sorted(existing) + [str(a.relative_to(store.root)) for a in old_arrays]
+        if found and not replace:
+            raise ConfigError("probes", f"{store.root} already has {found[:5]}"
+                                        f"{f' and {len(found) - 5} more' if len(found) > 5 else ''}",
                               "Pass --replace to measure them again (their old values are dropped).")
         if existing:
             _drop_keys(store, existing)
+        for folder in old_arrays:
+            shutil.rmtree(folder)
         config = yaml.safe_load(store.config.read_text()) if wandb else {"wandb": False}
         wandb_logger = make_analysis_logger(store, config, names, options)
         ok = False

@@ -67,6 +67,24 @@ def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, 
     assert by_step(r for r in read_jsonl(trained / "metrics.jsonl") if "grok/restricted_loss" in r) == added
 
 
+def test_replace_leaves_no_array_from_the_earlier_measurement(trained, tmp_path):
+    """Arrays are saved per step: values from an earlier analysis at steps the new one
+    does not measure must not stay beside the new ones."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    assert main(["analyze", str(run), "--probes", "grokking", "--no_wandb", "--replace"]) == 0
+    spectrum = run / "arrays" / "grokking" / "spectrum"
+    before = sorted(p.name for p in spectrum.glob("step=*.npy"))
+    last = sorted((run / "checkpoints").glob("step=*.ckpt"))[-1]
+    last.unlink()  # the new analysis measures one checkpoint fewer
+    assert main(["analyze", str(run), "--probes", "grokking", "--no_wandb", "--replace"]) == 0
+    after = sorted(p.name for p in spectrum.glob("step=*.npy"))
+    assert after == before[:-1] == [p.name.replace(".ckpt", ".npy") for p in
+                                    sorted((run / "checkpoints").glob("step=*.ckpt"))]
+
+
 def test_the_analysis_run_joins_the_training_runs_group(tmp_path, monkeypatch):
     """A sweep's runs are grouped under its name (WANDB_RUN_GROUP); their analyses, run
     later without that variable, join the same group."""
