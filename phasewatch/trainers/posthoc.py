@@ -21,7 +21,8 @@ the training run; see `make_analysis_logger`), unless W&B is disabled or the run
 `--no_wandb`. Probes run on `device`: the GPU when there is one, unless told otherwise.
 
 Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
-unknown probe or one that does not apply to the task, a run another process is writing,
+unknown probe or one that does not apply to the task, options for a probe not being run,
+a run another process is writing,
 and probes whose keys the run already has, in metrics.jsonl or as arrays (pass
 `replace=True` / `--replace` to drop the old values of those keys first, arrays included).
 """
@@ -70,11 +71,10 @@ def load_run_module(run_dir: str | os.PathLike) -> TrainModule:
     return TrainModule(task=task, **model_cfg)
 
 
-def run_options(run_dir: str | os.PathLike, names: list[str], given: dict[str, dict]) -> dict[str, dict]:
+def run_options(config: dict[str, Any], names: list[str], given: dict[str, dict]) -> dict[str, dict]:
     """The options for the probes `names`: those the run's config gives them
     (`probes.options`, e.g. a step size calibrated for its model), updated with `given`."""
-    cfg = yaml.safe_load(RunStore(run_dir).config.read_text()) or {}
-    saved = (cfg.get("probes") or {}).get("options") or {}
+    saved = (config.get("probes") or {}).get("options") or {}
     merged = {n: {**(saved.get(n) or {}), **(given.get(n) or {})} for n in names}
     return {n: o for n, o in merged.items() if o}
 
@@ -124,11 +124,13 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
 
     from phasewatch.trainers.wandb_logging import make_analysis_logger
 
+    check_options(options or {}, "options", running=list(names))
     store = RunStore(run_dir)
     on = resolve_device(device)
     module = load_run_module(run_dir).to(on)
+    run_config = yaml.safe_load(store.config.read_text()) or {}
     probes = [get_probe(n, module.task) for n in names]
-    options = run_options(run_dir, names, options or {})
+    options = run_options(run_config, names, options or {})
     steps = checkpoint_steps(run_dir)
     if not steps:
         raise ConfigError("run_dir", f"no step=<N>.ckpt checkpoints in {store.checkpoints}",
@@ -154,8 +156,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
             _drop_keys(store, existing)
         for folder in old_arrays:
             shutil.rmtree(folder)
-        config = yaml.safe_load(store.config.read_text()) if wandb else {"wandb": False}
-        wandb_logger = make_analysis_logger(store, config, names, options)
+        wandb_logger = make_analysis_logger(store, run_config if wandb else {"wandb": False}, names, options)
         ok = False
         try:
             for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt",
@@ -218,7 +219,6 @@ def analyze_run_command(args) -> int:
         options: dict[str, Any] = json.loads(args.options) if args.options else {}
     except json.JSONDecodeError as err:
         raise ConfigError("options", f"--options is not JSON ({err})", "Write e.g. '{\"llc\": {\"draws\": 400}}'.")
-    check_options(options, "options", running=list(args.probes))
     steps = analyze_run(args.target, args.probes, options, args.replace, device=args.device,
                         wandb=not args.no_wandb)
     print(f"phasewatch: {', '.join(args.probes)} measured at {len(steps)} checkpoints (steps {steps[0]}-{steps[-1]}); "

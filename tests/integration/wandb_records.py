@@ -27,9 +27,9 @@ def offline_runs(run_folder: Path) -> list[Path]:
 def read_records(offline_run: Path, wait: float = 30.0) -> list:
     """The run's records, once the file ends with W&B's `exit` record: `finish()` returns
     to the caller while W&B's service process may still be writing the file."""
-    deadline = time.monotonic() + wait
     from google.protobuf.message import DecodeError
 
+    deadline = time.monotonic() + wait
     while True:
         try:
             records = _parse(offline_run)
