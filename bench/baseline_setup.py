@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
+from phasewatch.models import ModelConfig
 from phasewatch.tasks import task_class, task_names
-from phasewatch.trainers.model import ModelConfig
 from phasewatch.trainers.module import TrainModule
 
 

@@ -82,7 +82,7 @@ def fit_run(config: str, steps: int, device: str, probes: bool) -> dict:
     import lightning.pytorch as pl
     from baseline_setup import fit_with_callback
 
-    from phasewatch.callbacks.runfiles import EVENTS, read_jsonl
+    from phasewatch.rundir import RunFolder
 
     clock: dict = {}
 
@@ -107,7 +107,7 @@ def fit_run(config: str, steps: int, device: str, probes: bool) -> dict:
         rc = fit_with_callback(["--config", config, "--run_dir", str(run), "--trainer.max_steps", str(steps),
                                 "--trainer.accelerator", accelerator, "--trainer.enable_progress_bar", "false",
                                 "--no_wandb", *extra], Clock())
-        events = list(read_jsonl(run / EVENTS))
+        events = RunFolder(run).read_events()
     if rc != 0:
         raise SystemExit(f"phasewatch fit exited with {rc}")
     grok_step, grok_seconds = clock.get("grok", (None, None))

@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 
 from phasewatch.probes.llc import DEFAULTS, calibrate_llc, recommend_step_size
-from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module, load_weights
+from phasewatch.rundir import RunFolder
+from phasewatch.trainers.posthoc import load_run_module, load_weights
 
 
 def main() -> None:
@@ -32,7 +33,7 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=DEFAULTS["gamma"])
     parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
     args = parser.parse_args()
-    available = checkpoint_steps(args.run_dir)
+    available = RunFolder(args.run_dir).checkpoint_steps()
     steps = args.steps or sorted({list(available)[0], list(available)[len(available) // 2], list(available)[-1]})
     missing = [s for s in steps if s not in available]
     if missing:

@@ -7,9 +7,9 @@ has logged, so the checkpoint includes it. Every file is written under a tempora
 and renamed into place: a crash never leaves a half-written checkpoint under a real name.
 
 Resume without gaps or duplicates: each checkpoint stores `checkpoint_state()` of every
-logger that has one (the run folder's file sizes); on resume the callback hands it back
-to `restore_checkpoint_state(state, step)`, which cuts away what was logged after the
-checkpoint and is about to be logged again.
+logger that has one (`CheckpointStateLogger`: the run folder's file sizes); on resume the
+callback hands it back to `restore_checkpoint_state(state, step)`, which cuts away what was
+logged after the checkpoint and is about to be logged again.
 """
 
 from __future__ import annotations
@@ -22,19 +22,17 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Checkpoint
 
+from phasewatch.callbacks.loggers import CheckpointStateLogger, run_folder
 from phasewatch.callbacks.schedule import Schedule
+from phasewatch.rundir import LAST_CHECKPOINT, checkpoint_name
 from phasewatch.tasks.base import require_int
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step={step:07d}.ckpt"
 
 
 class ScheduledCheckpoints(Checkpoint):
     """Save checkpoints at the schedule's steps and keep last.ckpt fresh.
 
     Args:
-        dirpath: where to write (the CLI sets it to `<run_dir>/checkpoints`).
+        dirpath: where to write (default: the run folder's checkpoint folder).
         schedule: when to keep a permanent checkpoint (default: 30 log-spaced steps).
         last_every: refresh last.ckpt every this many steps.
     """
@@ -51,14 +49,14 @@ class ScheduledCheckpoints(Checkpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
         if self.dirpath is None:
-            self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+            self.dirpath = str(run_folder(trainer).checkpoints)
         self._steps = set(self.schedule.resolve(trainer.max_steps))
 
     # --- resume ---------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         loggers = self._trainer.loggers if self._trainer is not None else []
-        return {"logger_states": [lg.checkpoint_state() if hasattr(lg, "checkpoint_state") else None
+        return {"logger_states": [lg.checkpoint_state() if isinstance(lg, CheckpointStateLogger) else None
                                   for lg in loggers]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -76,7 +74,7 @@ class ScheduledCheckpoints(Checkpoint):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._restored_logger_states is not None:
             for lg, state in zip(trainer.loggers, self._restored_logger_states):
-                if state is not None and hasattr(lg, "restore_checkpoint_state"):
+                if state is not None and isinstance(lg, CheckpointStateLogger):
                     lg.restore_checkpoint_state(state, trainer.global_step)
             self._restored_logger_states = None
         if trainer.global_step == 0:
@@ -91,9 +89,9 @@ class ScheduledCheckpoints(Checkpoint):
         trainer.save_checkpoint(tmp, weights_only=False)
         if trainer.is_global_zero:
             if copy_to_last:  # the same bytes: copy rather than serialise twice
-                last_tmp = path.with_name("last.ckpt.tmp")
+                last_tmp = path.with_name(LAST_CHECKPOINT + ".tmp")
                 shutil.copyfile(tmp, last_tmp)
-                os.replace(last_tmp, path.with_name("last.ckpt"))
+                os.replace(last_tmp, path.with_name(LAST_CHECKPOINT))
             os.replace(tmp, path)
 
     def _save_due(self, trainer: pl.Trainer) -> None:
@@ -101,7 +99,7 @@ class ScheduledCheckpoints(Checkpoint):
         if step in self._steps:
             self._save(trainer, checkpoint_name(step), copy_to_last=True)
         elif step % self.last_every == 0:
-            self._save(trainer, "last.ckpt")
+            self._save(trainer, LAST_CHECKPOINT)
 
     @staticmethod
     def _validation_due(trainer: pl.Trainer) -> bool:
@@ -118,4 +116,4 @@ class ScheduledCheckpoints(Checkpoint):
             self._save_due(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._save(trainer, "last.ckpt")
+        self._save(trainer, LAST_CHECKPOINT)

@@ -3,33 +3,32 @@
 A thin adapter: the measurements live in `phasewatch.probes`. Probes run on their
 schedule (log-spaced by default) at the start of the step, when the weights are those
 after `step` updates and everything earlier has been logged; cheap probes also run at
-every validation. Scalars go to every logger under the step; arrays are saved under
-`<run_dir>/arrays/<probe>/<key>/step=<N>.npy`. Sets that probes report (the grokking
+every validation. Scalars go to every logger under the step; arrays are saved in the run
+folder (`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
 key frequencies, the induction / previous-token heads, the composing head pairs) are
-tracked over time (`history`), printed when they change ("when did the induction circuit
+followed over time (`history`), printed when they change ("when did the induction circuit
 form, and from which heads?"), and kept in checkpoints so they survive a resume.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from phasewatch.callbacks.loggers import run_folder
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.probes import check_options, default_probes, get_probe
-
-#: probe outputs that are sets worth following: key frequencies, classified heads, composing pairs
-TRACKED = ("key_freqs",)
-TRACKED_SUFFIXES = ("_heads", "_pairs", "_components")
+from phasewatch.probes.keys import is_tracked
+from phasewatch.rundir import RunFolder, is_number
 
 
 class ProbeRunner(pl.Callback):
     """Args:
-    names: probes to run on the schedule (default: every probe that applies to the task).
+    names: probes to run on the schedule (default: every probe that applies to the task);
+        a registered name, or a plug-in's dotted `package.module:name` (phasewatch/plugins.py).
     schedule: when (default: 60 log-spaced steps, step 0 and the last step included).
     every_validation: run the cheap ones among `names` at every validation (and at step
         0) instead of on the schedule.
@@ -44,6 +43,8 @@ class ProbeRunner(pl.Callback):
                  every_validation: bool = True, options: dict[str, dict] | None = None,
                  schedules: dict[str, Schedule] | None = None):
         self.names, self.schedule, self.every_validation = names, schedule.validate(), every_validation
+        for name in names or []:
+            get_probe(name)  # imports plug-ins named by a dotted name, whose options are checked next
         self.options = check_options(options or {}, "probes.options")
         self.schedules = {k: v.validate() for k, v in (schedules or {}).items()}
         # when each tracked set changed: key -> [(step, labels)]
@@ -98,10 +99,10 @@ class ProbeRunner(pl.Callback):
             return
         step = trainer.global_step
         results = measure(pl_module.model, pl_module.task, probes, self.options)
-        scalars = record_results(results, Path(trainer.default_root_dir), step)
+        scalars = record_results(results, run_folder(trainer), step)
         for values in results.values():
             for key, value in values.items():
-                if key in TRACKED or key.endswith(TRACKED_SUFFIXES):
+                if is_tracked(key):
                     self._track(step, key, [str(v) for v in value])
         if scalars:
             for logger in trainer.loggers:
@@ -136,23 +137,20 @@ def measure(model, task, probes: list, options: dict[str, dict]) -> dict[str, di
         model.train(was_training)
 
 
-def is_scalar(value: Any) -> bool:
-    """A probe value logged as a metric (a number); anything else is saved as an array."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+#: a probe value logged as a metric (a number); anything else is saved as an array
+is_scalar = is_number
 
 
-def record_results(results: dict[str, dict[str, Any]], run_dir: Path, step: int) -> dict[str, float]:
-    """Save the array values under `run_dir/arrays/<probe>/<key>/step=<N>.npy`; return the scalars."""
+def record_results(results: dict[str, dict[str, Any]], folder: RunFolder, step: int) -> dict[str, float]:
+    """Save the array values in the run folder at `step`; return the scalars."""
     scalars: dict[str, float] = {}
     for probe, values in results.items():
         for key, value in values.items():
             if is_scalar(value):
                 scalars[key] = float(value)
             else:
-                folder = run_dir / "arrays" / probe / key
-                folder.mkdir(parents=True, exist_ok=True)
                 array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-                np.save(folder / f"step={step:07d}.npy", array)
+                folder.save_array(probe, key, step, array)
     return scalars
 
 

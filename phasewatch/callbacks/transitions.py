@@ -1,10 +1,10 @@
 """Live phase-transition detection: a thin callback around `probes.transitions`.
 
-Every `every_n_validations` validations it re-reads the run folder's metrics.jsonl,
-detects transitions in the watched series, and reports each new, finished one once: a
-line on the console, the event (with `detected_at`, the step at which it was detected)
-handed to every logger that has `log_event` (the run folder's events.jsonl, the W&B run
-summary). A transition counts as finished when the series has gone on for a while after
+Every `every_n_validations` validations it takes the series logged so far (kept in memory
+by the run folder's logger), detects transitions in the watched ones (all but the detail
+keys the probes declare), and reports each new, finished one once: a line on the console,
+the event (with `detected_at`, the step at which it was detected) handed to every logger
+that records events (the run folder's events, the W&B run summary). A transition counts as finished when the series has gone on for a while after
 its end (its end step x `settle`) and at least `points_after` more values of the series
 have been logged (a sparse series, like the LLC on its 24 steps, otherwise gets its
 transition reported half-seen, and the full one later counts as already reported).
@@ -13,30 +13,21 @@ What was reported is kept in checkpoints, so a resumed run does not report it ag
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 
-from phasewatch.callbacks.runfiles import METRICS, read_series
+from phasewatch.callbacks.loggers import log_event, logged_series
+from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import detect_transitions
 
 SAME = 1.5
 
-#: series watched by default: not the per-head / per-pair / per-frequency details
-# details left out of live detection and the report's panels by default: per-head and
-# per-frequency series (but not the compiled heads of tracr/attn_match), constant
-# baselines, per-length agreement, ablation loss deltas (their accuracies stay) and the
-# LLC's diagnostics (its estimate stays)
-DETAIL = re.compile(r"(?<!attn_match)/L\d+H\d+|/key_freq/|/excluded_loss/\d|^lr$|^tracr/probe_baseline/"
-                    r"|^tracr/agreement/len|/loss_delta$|^llc/(std|converged|drift|loss_star)$")
-
 
 class TransitionWatcher(pl.Callback):
     """Args:
-    metrics: the series to watch (default: every logged series but per-head, per-pair and
-        per-frequency details and `lr`).
+    metrics: the series to watch (default: every logged series but the detail keys the
+        probes declare: per-head, per-pair and per-frequency series, diagnostics, `lr`).
     every_n_validations: how often to look (each look costs ~30 ms per series).
     settle: report a transition once the run has reached `settle` x its end step...
     points_after: ... and the series has this many values after its end (at the end of
@@ -61,8 +52,8 @@ class TransitionWatcher(pl.Callback):
         self.look(trainer, trainer.global_step, final=True)
 
     def look(self, trainer: pl.Trainer, step: int, final: bool = False) -> list[dict]:
-        series = {key: s for key, s in read_series(Path(trainer.default_root_dir) / METRICS).items()
-                  if (key in self.metrics if self.metrics is not None else not DETAIL.search(key))}
+        series = {key: s for key, s in logged_series(trainer).items()
+                  if (key in self.metrics if self.metrics is not None else not is_detail(key))}
         new = []
         for key, (steps, values) in sorted(series.items()):
             for event in detect_transitions(steps, values, key):
@@ -86,9 +77,7 @@ class TransitionWatcher(pl.Callback):
         print(f"phasewatch: step {event['detected_at']}: transition in {event['metric']} ({event['direction']}) "
               f"from step {event['onset']} to {event['end']}, midpoint {event['midpoint']}, "
               f"magnitude {event['magnitude']:.4g}")
-        for logger in trainer.loggers:
-            if hasattr(logger, "log_event"):
-                logger.log_event(event)
+        log_event(trainer, event)
 
     def state_dict(self) -> dict[str, Any]:
         return {"reported": self.reported, "validations": self._validations}

@@ -17,10 +17,13 @@ Loss and accuracy are summed over the held-out batches token by token, as `val/l
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import torch
 
+from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import Task, masked_loss_and_acc
 
@@ -112,7 +115,15 @@ def _applies(task: Task) -> bool:
     return bool(task.val_batches())
 
 
-@register_probe("ablation", applies_to=_applies, default=lambda task: hasattr(task, "program"))
+KEYS = KeyFamilies(
+    detail=r"^ablation/L\d+H\d+/|^ablation/.+/loss_delta$",  # per head, and the loss deltas (accuracies stay)
+    tracked="necessary_components",
+    panels=(Panel("accuracy with one layer mean-ablated", re.compile(r"ablation/L\d+\.(attn|mlp)/acc")),),
+    hidden=("ablation/",),
+)
+
+
+@register_probe("ablation", applies_to=_applies, default=lambda task: hasattr(task, "program"), keys=KEYS)
 def ablation_probe(model, task: Task, mode: str = "mean", threshold: float = 0.1) -> dict[str, Any]:
     """Options: mode ("mean" or "zero"), threshold (accuracy drop that makes a component
     necessary). Default for RASP tasks; on request for the others."""

@@ -1,9 +1,9 @@
 """tracr's compiled transformer of a RASP program, as a TransformerLens 4 bridge.
 
 The reference that the `tracr` comparison probe (probes/tracr_match.py) and `phasewatch
-compile` measure against: compiled once, converted with `transformer_lens.utilities.tracr`,
-checked against tracr's own outputs, cached on disk (a cache hit imports neither tracr
-nor JAX).
+compile` measure against: compiled once, converted by TransformerLens's tracr converter
+(phasewatch.models), checked against tracr's own outputs, cached on disk (a cache hit
+imports neither tracr nor JAX).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from phasewatch.models import bridge_from_saved, bridge_from_tracr, layer_output_weights, saved_config
 from phasewatch.tasks.base import ConfigError
 
 
@@ -27,7 +28,7 @@ def compiled_reference(program, cache_dir: str | None = None, verify_limit: int 
 
     Cached on disk by program, vocabulary, maximum length and tracr version: a cache hit
     builds the bridge from the saved weights without importing tracr or JAX. On a miss the
-    program is compiled, converted with `transformer_lens.utilities.tracr`, and checked
+    program is compiled, converted by TransformerLens's tracr converter, and checked
     against tracr's own outputs on every input up to length `max_seq_len` (at most
     `verify_limit` inputs per length, drawn evenly); a mismatch raises RuntimeError.
     Only categorical programs convert (TransformerLens's converter unembeds categories).
@@ -35,10 +36,6 @@ def compiled_reference(program, cache_dir: str | None = None, verify_limit: int 
     import hashlib
     import itertools
     from pathlib import Path
-
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
-    import transformer_lens.model_bridge.sources.native  # noqa: F401
 
     from phasewatch.tasks import tracr_programs
 
@@ -50,16 +47,11 @@ def compiled_reference(program, cache_dir: str | None = None, verify_limit: int 
     path = Path(cache_dir).expanduser() / f"{program.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
     if path.exists():
         saved = torch.load(path, map_location="cpu", weights_only=True)
-        bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**saved["config"]))
-        bridge.load_state_dict(saved["state_dict"], strict=False)  # missing keys: aliases of the same weights
+        bridge = bridge_from_saved(saved["config"], saved["state_dict"])
         return bridge, saved["layout"]
-    from transformer_lens.utilities import tracr as tl_tracr
 
     compiled = tracr_programs.compile_program(program)
-    cfg = tl_tracr.make_tracr_transformer_bridge_config(compiled)
-    bridge = TransformerBridge.boot_native(cfg)
-    state = tl_tracr.make_tracr_transformer_bridge_state_dict(compiled)
-    bridge.load_state_dict(state, strict=False)  # verified below against tracr itself
+    bridge, cfg, state = bridge_from_tracr(compiled)  # verified below against tracr itself
     encoding = program.input_encoding()
     decode = {i: v for v, i in program.output_encoding().items()}
     for n in range(1, program.max_seq_len + 1):
@@ -75,8 +67,7 @@ def compiled_reference(program, cache_dir: str | None = None, verify_limit: int 
     names = {sop.label: name for name, sop in program.variables.items()}
     layout = _compiled_layout(compiled, state, cfg, names)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = {k: getattr(cfg, k) for k in ("n_layers", "d_model", "d_head", "n_ctx", "d_vocab", "d_vocab_out", "d_mlp",
-                                          "n_heads", "act_fn", "attention_dir", "normalization_type")}
+    fields = saved_config(cfg)
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"config": fields, "state_dict": state, "layout": layout, "key": key}, tmp)
     tmp.replace(path)
@@ -100,8 +91,7 @@ def _compiled_layout(compiled, state: dict, cfg, names: dict[str, str]) -> dict:
     layers = []
     for layer in range(cfg.n_layers):
         entry = {}
-        for part, key in (("attn", f"layers.{layer}.attn.o.weight"), ("mlp", f"layers.{layer}.mlp.fc_out.weight")):
-            w = state[key]  # (d_model, in)
+        for part, w in layer_output_weights(state, layer).items():  # w: (d_model, in)
             rows = (w.abs().sum(dim=1) > 1e-9).nonzero().flatten().tolist()
             written = sorted({readable(labels[r].rpartition(":")[0] or labels[r]) for r in rows})
             entry[part] = {"empty": not rows, "writes": written}

@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 
 
@@ -130,8 +131,18 @@ def composition_probe_values(model, factor: float = COMPOSE_FACTOR) -> dict:
     return out
 
 
+KEYS = KeyFamilies(
+    detail=r"^comp/[qkv]/L\d+H\d+",  # one pair of heads
+    tracked=r"[qkv]_pairs",
+    panels=(Panel("composition: maximum per kind and random baseline",
+                  ("comp/k/max", "comp/q/max", "comp/v/max", "comp/baseline")),),
+    hidden=("comp/",),
+    headline=("comp/k/max",),
+)
+
+
 @register_probe("composition", applies_to=lambda task: True, cheap=True,
-                default=lambda task: task.name in ("induction", "rasp"))
+                default=lambda task: task.name in ("induction", "rasp"), keys=KEYS)
 def composition_probe(model, task, factor: float = COMPOSE_FACTOR) -> dict:
     """`composition_probe_values`: every Q/K/V score, their maxima, the baselines and
     the composing pairs. Option `factor` (default 1.6): composing = above factor x baseline."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.digit_addition import DigitAddition
 
@@ -26,7 +27,11 @@ def per_token_metrics(model, task: DigitAddition) -> dict[str, float]:
     return out
 
 
-@register_probe("digit_tokens", applies_to=lambda task: isinstance(task, DigitAddition), cheap=True)
+KEYS = KeyFamilies(panels=(Panel("loss per answer token", "digits/loss/", log_y=True),
+                          Panel("accuracy per answer token", "digits/acc/")))
+
+
+@register_probe("digit_tokens", applies_to=lambda task: isinstance(task, DigitAddition), cheap=True, keys=KEYS)
 def digit_tokens_probe(model, task: DigitAddition) -> dict[str, float]:
     """`per_token_metrics`: `digits/loss/<i>`, `digits/acc/<i>`."""
     return per_token_metrics(model, task)

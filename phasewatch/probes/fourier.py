@@ -31,9 +31,11 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from phasewatch.models import native_module
+from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import ConfigError
-from phasewatch.tasks.modular_addition import ModularAddition, _is_prime
+from phasewatch.tasks.modular_addition import ModularAddition, is_prime
 
 KEY_FACTOR = 2.0  # a key frequency carries > 2x the share it would have if all were equal
 CHUNK = 4096  # inputs per forward pass when evaluating all p^2 inputs
@@ -41,7 +43,7 @@ CHUNK = 4096  # inputs per forward pass when evaluating all p^2 inputs
 
 def check_modulus(p: int) -> None:
     """Raise ConfigError unless p is an odd prime."""
-    if not (isinstance(p, int) and p > 2 and _is_prime(p)):
+    if not (isinstance(p, int) and p > 2 and is_prime(p)):
         raise ConfigError("data.task.p", f"the Fourier progress measures need an odd prime modulus, got {p!r}",
                           "Use an odd prime such as 59, 97 or 113, or turn the grokking probes off.")
 
@@ -126,7 +128,7 @@ def training_measure(model, task: ModularAddition, measure: str) -> Tensor:
         raise ConfigError("interventions.items.measure", f"unknown measure {measure!r}",
                           "Use excluded_loss or restricted_loss.")
     p = task.p
-    native = getattr(model, "original_model", model)
+    native = native_module(model)
     freqs = key_frequencies(frequency_norms(neuron_logit_map(model, p)))
     logits = grid_logits(native, task)
     key = project(logits, key_directions(p, freqs).to(logits.device))
@@ -206,10 +208,22 @@ def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None 
 
 
 def _applies(task) -> bool:
-    return isinstance(task, ModularAddition) and task.op == "+" and task.p > 2 and _is_prime(task.p)
+    return isinstance(task, ModularAddition) and task.op == "+" and task.p > 2 and is_prime(task.p)
 
 
-@register_probe("grokking", applies_to=_applies)
+KEYS = KeyFamilies(
+    detail=r"^grok/key_freq/|^grok/excluded_loss/\d",  # per frequency
+    tracked="key_freqs",
+    panels=(Panel("loss", ("grok/restricted_loss", "grok/excluded_loss"), log_y=True),
+            Panel("Gini coefficient of Fourier norms", ("grok/gini_embed", "grok/gini_neuron_logit")),
+            Panel("sum of squared weights", ("grok/weight_norm",)),
+            Panel("share of W_L in each key frequency", "grok/key_freq/")),
+    hidden=("grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/"),
+    headline=("grok/restricted_loss", "grok/excluded_loss", "grok/weight_norm"),
+)
+
+
+@register_probe("grokking", applies_to=_applies, keys=KEYS)
 def grokking_probe(model, task: ModularAddition) -> dict:
     """The progress measures of `progress_measures` (keys listed there); 1-layer models."""
     return progress_measures(model, task)

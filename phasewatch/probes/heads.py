@@ -30,6 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phasewatch.probes.composition import head_label
+from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import step_generator
 
@@ -122,7 +123,19 @@ def _has_bos_vocab(task) -> bool:
     return hasattr(task, "bos") and hasattr(task, "vocab_size")
 
 
-@register_probe("heads", applies_to=_has_bos_vocab, cheap=True, default=lambda task: task.name == "induction")
+KEYS = KeyFamilies(
+    detail=r"^heads/[^/]+/L\d+H\d+",  # one head
+    tracked=r"\w+_heads",
+    panels=(Panel("loss on repeated random tokens", ("icl/first_copy_loss", "icl/second_copy_loss")),
+            Panel("induction score per head", "heads/induction/L"),
+            Panel("previous-token score per head", "heads/prev_token/L")),
+    hidden=("heads/", "icl/loss_gap"),
+    headline=("icl/loss_gap", "heads/induction/max", "heads/prev_token/max"),
+)
+
+
+@register_probe("heads", applies_to=_has_bos_vocab, cheap=True, default=lambda task: task.name == "induction",
+                keys=KEYS)
 def heads_probe(model, task, thresholds: dict[str, float] | None = None) -> dict:
     """`head_probe_values` on repeated random tokens from the task's vocabulary. Option
     `thresholds`: {"prev_token": 0.4, "duplicate": 0.4, "induction": 0.4} by default."""

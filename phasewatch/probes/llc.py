@@ -41,6 +41,8 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from phasewatch.models import native_module
+from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import ConfigError
 
@@ -138,7 +140,7 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
     size: the task's own)."""
     from phasewatch.tasks.base import masked_loss
 
-    module = getattr(model, "original_model", model)
+    module = native_module(model)
     params = [p for p in module.parameters() if p.requires_grad]
     device = params[0].device
     if task.full_batch:
@@ -185,7 +187,14 @@ def model_llc(model, task, **options) -> dict:
     return result
 
 
-@register_probe("llc", applies_to=lambda task: True, default=False, schedule={"kind": "log", "count": 24})
+KEYS = KeyFamilies(
+    detail=r"^llc/(std|converged|drift|loss_star)$",  # diagnostics (the estimate stays)
+    panels=(Panel("local learning coefficient (SGLD estimate)", ("llc/estimate",)),),
+    hidden=("llc/",),
+)
+
+
+@register_probe("llc", applies_to=lambda task: True, default=False, schedule={"kind": "log", "count": 24}, keys=KEYS)
 def llc_probe(model, task, **options) -> dict:
     """`model_llc`; options: chains, draws, burn_in, step_size, gamma, batch_size, pool, seed
     (defaults in DEFAULTS)."""

@@ -6,7 +6,11 @@ docstring lists); anything else (lists, tensors) is an array, saved to the run f
 under `arrays/<probe>/<key>/step=<N>.npy`. Names are unique; `applies_to` says which
 tasks a probe can measure; `cheap` probes may run at every validation; a costly probe
 may name a `schedule` of its own (e.g. {"kind": "log", "count": 24}), used when the run
-does not give it one.
+does not give it one; `keys` declares what its metric keys mean (probes/keys.py), which is
+all the report, the live detector and `compare` need to know of it.
+
+Probes of other packages plug in through entry points (group `phasewatch.probes`) or by a
+dotted name, `package.module:name` (phasewatch/plugins.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from phasewatch.plugins import import_module, load_entry_points
+from phasewatch.probes.keys import KeyFamilies, declare_keys
 from phasewatch.tasks.base import ConfigError, Task
 
 
@@ -40,12 +46,17 @@ _PROBES: dict[str, Probe] = {}
 
 
 def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = False,
-                   default: bool | Callable[[Task], bool] = True, schedule: dict | None = None):
-    """Function decorator: register `fn(model, task) -> dict` as probe `name`."""
+                   default: bool | Callable[[Task], bool] = True, schedule: dict | None = None,
+                   keys: KeyFamilies | None = None):
+    """Function decorator: register `fn(model, task) -> dict` as probe `name`, its keys
+    meaning what `keys` declares."""
 
     def decorate(fn):
         if name in _PROBES:
             raise ValueError(f"probe name {name!r} is already registered")
+        if ":" in name:
+            raise ValueError(f"probe name {name!r}: ':' separates a module from a name in dotted probe names")
+        declare_keys(name, keys or KeyFamilies())
         _PROBES[name] = Probe(name, fn, applies_to, cheap, default, schedule)
         return fn
 
@@ -53,13 +64,39 @@ def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = 
 
 
 def probe_names() -> list[str]:
+    """Every registered probe, those of installed plug-ins included."""
+    load_entry_points("phasewatch.probes")
     return sorted(_PROBES)
 
 
+def _plug_in(name: str) -> Probe:
+    """The probe of a dotted name `package.module:name`: one the module registers under that
+    name, or a plain function of the module, registered now as a probe of every task."""
+    module_name, _, attr = name.partition(":")
+    module = import_module(module_name, "probes.names")
+    if attr in _PROBES:
+        return _PROBES[attr]
+    fn = getattr(module, attr, None)
+    found = [p for p in _PROBES.values() if p.fn is fn]
+    if found:
+        return found[0]
+    if not callable(fn):
+        raise ConfigError("probes.names", f"{module_name} has no probe or function {attr!r}",
+                          f"Name a function fn(model, task) -> dict of {module_name}, or a probe it registers.")
+    register_probe(attr, applies_to=lambda task: True, default=False)(fn)
+    return _PROBES[attr]
+
+
 def get_probe(name: str, task: Task | None = None) -> Probe:
-    if name not in _PROBES:
-        raise ConfigError("probes.names", f"unknown probe {name!r}", f"Choose from: {', '.join(probe_names())}.")
-    probe = _PROBES[name]
+    """The probe `name` (a registered name, or a dotted `package.module:name`), checked to
+    apply to `task` when one is given; ConfigError naming the fix otherwise."""
+    if ":" in name:
+        probe = _plug_in(name)
+    elif name in _PROBES or name in probe_names():
+        probe = _PROBES[name]
+    else:
+        raise ConfigError("probes.names", f"unknown probe {name!r}",
+                          f"Choose from: {', '.join(probe_names())}, or name your own as package.module:function.")
     if task is not None and not probe.applies_to(task):
         raise ConfigError("probes.names", f"probe {name!r} does not apply to the task {task.name!r}",
                           "Remove it, or pick a probe for this task (phasewatch tasks lists them).")
@@ -72,7 +109,7 @@ def check_options(options: dict, field: str, running: list[str] | None = None) -
     if not isinstance(options, dict):
         raise ConfigError(field, f"expected a mapping from probe names to options, got {options!r}",
                           'Write e.g. {"llc": {"step_size": 3e-5}}.')
-    allowed = probe_names() if running is None else running
+    allowed = probe_names() if running is None else [get_probe(n).name for n in running]
     for name, kwargs in options.items():
         if name not in allowed:
             what = "a registered probe" if running is None else "a probe being run"
@@ -86,5 +123,6 @@ def check_options(options: dict, field: str, running: list[str] | None = None) -
 
 
 def default_probes(task: Task) -> list[str]:
-    return [n for n, p in sorted(_PROBES.items())
+    """The probes run on `task` when the run names none."""
+    return [n for n, p in sorted((n, _PROBES[n]) for n in probe_names())
             if p.applies_to(task) and (p.default(task) if callable(p.default) else p.default)]

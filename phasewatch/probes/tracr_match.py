@@ -40,13 +40,14 @@ a non-causal program, or a program tracr cannot compile.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from phasewatch.models import fresh_like
+from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import Batch, ConfigError, Task
 
@@ -206,20 +207,25 @@ def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], 
 
 def fresh_model(model, seed: int = BASELINE_SEED):
     """A newly initialised model of `model`'s architecture (the global RNG is untouched)."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    cfg = copy.copy(model.cfg)
-    cfg.seed = seed
-    with torch.random.fork_rng():
-        fresh = TransformerBridge.boot_native(cfg)
-    return fresh.eval()
+    return fresh_like(model, seed).eval()
 
 
 def _applies(task: Task) -> bool:
     return hasattr(task, "program") and task.program.categorical
 
 
-@register_probe("tracr", applies_to=_applies)
+KEYS = KeyFamilies(
+    detail=r"^tracr/probe_baseline/|^tracr/agreement/len",  # constant baselines, per-length agreement
+    tracked="match_heads",
+    panels=(Panel("agreement with the compiled model", ("tracr/agreement",)),
+            Panel("attention match with the compiled heads (head; path)", "tracr/attn_match/"),
+            Panel("CKA with the compiled residual stream (best compiled site)", "tracr/cka/")),
+    hidden=("tracr/",),
+    headline=("tracr/agreement",),
+)
+
+
+@register_probe("tracr", applies_to=_applies, keys=KEYS)
 def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, cache_dir: str | None = None,
                 baseline: bool = True) -> dict[str, Any]:
     """Compare with the compiled model (keys in the module docstring). Options:

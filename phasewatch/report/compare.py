@@ -4,11 +4,12 @@
     phasewatch compare runs/a runs/b runs/c [--keys val/acc icl/loss_gap] [--out DIR/compare]
 
 Use it after a sweep to read off, e.g., the grokking step per weight decay and training
-fraction. Hyperparameters are a sweep's parameters (from its `sweep.json`), or else
+fraction. Hyperparameters are a sweep's parameters (from its state file), or else
 every config value that differs between the runs given. Transitions are detected
-offline on each run's full `metrics.jsonl` (probes/transitions.py, the detector
-`phasewatch phases` uses); a cell holds the midpoint step of the largest transition of
-that series in that direction, empty when there is none. Writes `<out>.csv` and
+offline on each run's full metrics (probes/transitions.py, the detector
+`phasewatch phases` uses) in the headline keys the probes declare (probes/keys.py), or in
+`--keys`; a cell holds the midpoint step of the largest transition of that series in that
+direction, empty when there is none. Writes `<out>.csv` and
 `<out>.png` (one panel per transition: step against the first swept parameter, one
 colour per value of the second). Fails with a clear error when a folder holds no run.
 """
@@ -22,13 +23,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
+from phasewatch.probes.keys import headline_keys
+from phasewatch.rundir import RunFolder, SweepFolder, run_folders
 
-from phasewatch.callbacks.runfiles import METRICS, read_series
-
-HEADLINE_KEYS = ("val/acc", "val/loss", "train/acc", "train/loss", "grok/restricted_loss", "grok/excluded_loss",
-                 "grok/weight_norm", "icl/loss_gap", "heads/induction/max", "heads/prev_token/max", "comp/k/max",
-                 "tracr/agreement")
 IGNORED_CONFIG = ("run_dir", "checkpoints.dirpath", "ckpt_path")
 
 
@@ -36,17 +33,18 @@ def find_runs(paths: list[str | os.PathLike]) -> list[tuple[Path, dict[str, Any]
     """(run folder, sweep record or {}) for each run folder given or inside a sweep folder."""
     runs: list[tuple[Path, dict[str, Any]]] = []
     for path in map(Path, paths):
-        state = path / "sweep.json"
-        if state.exists():
-            for record in json.loads(state.read_text())["runs"]:
-                if (path / record["name"] / METRICS).exists():
-                    runs.append((path / record["name"], record))
-        elif (path / METRICS).exists():
+        sweep = SweepFolder(path)
+        if sweep.is_sweep():
+            for record in sweep.read_state()["runs"]:
+                if sweep.run(record["name"]).metrics.exists():
+                    runs.append((sweep.run(record["name"]).root, record))
+        elif RunFolder(path).metrics.exists():
             runs.append((path, {}))
-        elif path.is_dir() and any((p / METRICS).exists() for p in path.iterdir() if p.is_dir()):
-            runs += [(p, {}) for p in sorted(path.iterdir()) if (p / METRICS).exists()]
+        elif run_folders(path):
+            runs += [(folder.root, {}) for folder in run_folders(path)]
         else:
-            raise FileNotFoundError(f"{path} holds no run (no {METRICS}) and no sweep (no sweep.json)")
+            raise FileNotFoundError(f"{path} holds no run (no {RunFolder(path).metrics.name}) "
+                                    f"and no sweep (no {sweep.state.name})")
     if not runs:
         raise FileNotFoundError(f"no finished or started runs in {', '.join(map(str, paths))}")
     return runs
@@ -66,10 +64,8 @@ def hyperparameters(runs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, A
     """Per run: its sweep parameters, or the config values that differ between the runs."""
     if all(record for _, record in runs):
         return [dict(record["params"]) for _, record in runs]
-    configs = []
-    for run_dir, _ in runs:
-        config_file = run_dir / "config.yaml"
-        configs.append(_flatten(yaml.safe_load(config_file.read_text())) if config_file.exists() else {})
+    configs = [_flatten(RunFolder(run_dir).read_config()) if RunFolder(run_dir).config.exists() else {}
+               for run_dir, _ in runs]
     keys = sorted({k for c in configs for k in c})
     varying = [k for k in keys if k not in IGNORED_CONFIG
                and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]
@@ -83,7 +79,7 @@ def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tu
 
     runs = find_runs(paths)
     params = hyperparameters(runs)
-    series = [read_series(run_dir / METRICS) for run_dir, _ in runs]
+    series = [RunFolder(run_dir).series() for run_dir, _ in runs]
     present = {k for s in series for k in s}
     if keys:
         missing = [k for k in keys if k not in present]
@@ -91,7 +87,7 @@ def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tu
             raise KeyError(f"no series {missing} in these runs; they have: {', '.join(sorted(present))}")
         chosen = list(keys)
     else:
-        chosen = [k for k in HEADLINE_KEYS if k in present]
+        chosen = [k for k in headline_keys() if k in present]
     rows, transition_columns = [], []
     for (run_dir, record), p, s in zip(runs, params, series):
         row: dict[str, Any] = {"run": run_dir.name, "state": record.get("state", "")}
@@ -189,7 +185,7 @@ def compare_command(argv: list[str]) -> int:
         prog="phasewatch compare",
         description="One table of runs' hyperparameters and detected transition steps, as CSV and as a plot.")
     parser.add_argument("paths", nargs="+", help="run folders and/or sweep folders")
-    parser.add_argument("--keys", nargs="*", help=f"series to compare (default: those of {', '.join(HEADLINE_KEYS)})")
+    parser.add_argument("--keys", nargs="*", help=f"series to compare (default: those of {', '.join(headline_keys())})")
     parser.add_argument("--x", default=None, help="parameter on the plot's x axis (default: the first that varies)")
     parser.add_argument("--hue", default=None, help="parameter that colours the points (default: the next one)")
     parser.add_argument("--out", default=None,
@@ -200,7 +196,7 @@ def compare_command(argv: list[str]) -> int:
     except (FileNotFoundError, KeyError) as err:
         print(f"phasewatch: error: {err.args[0]}", file=sys.stderr)
         return 2
-    single = len(args.paths) == 1 and (Path(args.paths[0]) / "sweep.json").exists()
+    single = len(args.paths) == 1 and SweepFolder(args.paths[0]).is_sweep()
     out = Path(args.out) if args.out else (Path(args.paths[0]) / "compare" if single else Path("compare"))
     widths = {c: max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))

@@ -1,4 +1,4 @@
-"""The learned-vs-compiled figure of a RASP run: `RUN_DIR/figures/tracr.png`.
+"""The learned-vs-compiled figure of a RASP run: the run folder's `tracr` figure.
 
 Six panels over training (log-step axis): behavioural agreement with the compiled model
 per input length; attention match of each compiled head (best single learned head,
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from phasewatch.report.curves import save_figure
-from phasewatch.report.series import load_series
+from phasewatch.rundir import RunFolder, load_series
 
 
 def _by(pattern: str, data: dict) -> dict[str, tuple]:
@@ -30,16 +30,16 @@ def _by(pattern: str, data: dict) -> dict[str, tuple]:
     return out
 
 
-def _cka(run_dir: Path, which: int) -> tuple[int, np.ndarray, list[str], list[str]] | None:
-    files = sorted((run_dir / "arrays" / "tracr" / "cka").glob("step=*.npy"))
+def _cka(folder: RunFolder, which: int) -> tuple[int, np.ndarray, list[str], list[str]] | None:
+    files = folder.array_files("tracr", "cka")
     if not files:
         return None
-    f = files[which]
+    step, f = files[which]
     matrix = np.load(f)
-    labels_file = run_dir / "arrays" / "tracr" / "cka_labels" / f.name
-    names = [str(x) for x in np.load(labels_file).tolist()] if labels_file.exists() else []
+    labels = dict(folder.array_files("tracr", "cka_labels"))
+    names = [str(x) for x in np.load(labels[step]).tolist()] if step in labels else []
     rows, cols = (names[:matrix.shape[0]], names[matrix.shape[0]:]) if len(names) == sum(matrix.shape) else ([], [])
-    return int(f.stem.split("=")[1]), matrix, rows, [c.removeprefix("compiled ") for c in cols]
+    return step, matrix, rows, [c.removeprefix("compiled ") for c in cols]
 
 
 def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
@@ -49,8 +49,8 @@ def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = Path(run_dir)
-    data = load_series(run_dir)
+    folder = RunFolder(run_dir)
+    data = load_series(folder.root)
     if "tracr/agreement" not in data:
         return None
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.4))
@@ -100,7 +100,7 @@ def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path 
             ax.legend(fontsize=7, loc="best", ncol=2 if len(ax.get_legend_handles_labels()[0]) > 6 else 1)
 
     for ax, which, title in ((axes[1, 1], 0, "first"), (axes[1, 2], -1, "last")):
-        found = _cka(run_dir, which)
+        found = _cka(folder, which)
         if found is None:
             ax.set_visible(False)
             continue
@@ -114,5 +114,5 @@ def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path 
         for (r, c), v in np.ndenumerate(matrix):
             ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
         fig.colorbar(image, ax=ax, fraction=0.04)
-    fig.suptitle(f"{run_dir.name}: learned vs compiled", fontsize=11)
-    return save_figure(fig, out or run_dir / "figures" / "tracr.png")
+    fig.suptitle(f"{folder.root.name}: learned vs compiled", fontsize=11)
+    return save_figure(fig, out or folder.figure("tracr"))

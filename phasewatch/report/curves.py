@@ -1,65 +1,39 @@
 """Training curves of a run folder as a PNG, on a log-step axis.
 
-`phasewatch plot RUN_DIR` writes `RUN_DIR/figures/curves.png`: losses (log scale) in one
-panel, accuracies in another, and one panel per further metric family found in
-metrics.jsonl (e.g. `grok/...`). Use it to look at a run, or for the README.
+`phasewatch plot RUN_DIR` writes the run folder's `curves` figure: losses (log scale) in one
+panel, accuracies in another, the panels the probes declare, and one panel per further
+metric family found in the run's metrics (e.g. `grok/...`). Use it to look at a run, or for the README.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from pathlib import Path
 
-from phasewatch.report.series import load_series
-from phasewatch.callbacks.runfiles import METRICS
-
-LOSS_KEYS = ("train/loss", "val/loss", "grok/restricted_loss", "grok/excluded_loss")
-ACC_KEYS = ("train/acc", "val/acc")
-KNOWN_PANELS = [  # (title, key prefix or exact keys, y scale)
-    ("Gini coefficient of Fourier norms", ("grok/gini_embed", "grok/gini_neuron_logit"), "linear"),
-    ("sum of squared weights", ("grok/weight_norm",), "linear"),
-    ("share of W_L in each key frequency", "grok/key_freq/", "linear"),
-    ("loss per answer token", "digits/loss/", "log"),
-    ("accuracy per answer token", "digits/acc/", "linear"),
-    ("loss on repeated random tokens", ("icl/first_copy_loss", "icl/second_copy_loss"), "linear"),
-    ("induction score per head", "heads/induction/L", "linear"),
-    ("previous-token score per head", "heads/prev_token/L", "linear"),
-    ("composition: maximum per kind and random baseline", ("comp/k/max", "comp/q/max", "comp/v/max", "comp/baseline"), "linear"),
-    ("agreement with the compiled model", ("tracr/agreement",), "linear"),
-    ("attention match with the compiled heads (head; path)", "tracr/attn_match/", "linear"),
-    ("CKA with the compiled residual stream (best compiled site)", "tracr/cka/", "linear"),
-    ("local learning coefficient (SGLD estimate)", ("llc/estimate",), "linear"),
-    ("accuracy with one layer mean-ablated", re.compile(r"ablation/L\d+\.(attn|mlp)/acc"), "linear"),
-]
-SKIP = ("lr", "val/seq_acc", "tracr/", "ablation/", "grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/", "comp/", "llc/",
-        "heads/", "icl/loss_gap")
+from phasewatch.probes.keys import Panel, hidden, panels
+from phasewatch.rundir import RunFolder, load_series
 
 
 def panel_layout(data: dict) -> list[tuple[str, list[str], str]]:
-    """Which keys go in which panel: losses, accuracies, the known families, then one
-    panel per remaining key family."""
-    panels = [("loss", [k for k in LOSS_KEYS if k in data], "log"),
-              ("accuracy", [k for k in ACC_KEYS if k in data], "linear")]
-    used = set(LOSS_KEYS) | set(ACC_KEYS)
-    for title, keys, yscale in KNOWN_PANELS:
-        chosen = [k for k in sorted(data, key=_natural) if _matches(k, keys)]
-        panels.append((title, chosen, yscale))
+    """Which keys go in which panel: the panels the training loop and the probes declare
+    (probes/keys.py; losses and accuracies first), then one panel per remaining key family."""
+    out, used = [], set()
+    for panel in panels():
+        chosen = [k for k in _ordered(panel, data) if panel.matches(k)]
+        out.append((panel.title, chosen, "log" if panel.log_y else "linear"))
         used |= set(chosen)
     rest: dict[str, list[str]] = defaultdict(list)
     for key in sorted(data):
-        if key not in used and not key.startswith(SKIP) and key not in SKIP:
+        if key not in used and not hidden(key):
             rest[key.split("/")[0]].append(key)
-    return panels + [(fam, keys, "linear") for fam, keys in rest.items()]
+    return out + [(fam, keys, "linear") for fam, keys in rest.items()]
 
 
-def _matches(key: str, keys) -> bool:
-    """A panel's keys: a prefix, a regular expression or a tuple of exact keys."""
-    if isinstance(keys, str):
-        return key.startswith(keys)
-    if isinstance(keys, re.Pattern):
-        return bool(keys.fullmatch(key))
-    return key in keys
+def _ordered(panel: Panel, data: dict) -> list[str]:
+    """A panel's keys: exact keys in their declared order, the others in natural order."""
+    if isinstance(panel.keys, tuple):
+        return [k for k in panel.keys if k in data]
+    return sorted(data, key=_natural)
 
 
 def _natural(key: str):
@@ -87,10 +61,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = Path(run_dir)
-    if not (run_dir / METRICS).exists():
-        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} not found: is {run_dir} a phasewatch run folder?")
-    data = load_series(run_dir)
+    folder = RunFolder(run_dir)
+    folder.require_metrics()
+    data = load_series(folder.root)
     # a panel needs data, and more than the composition baseline alone (1-layer models)
     panels = [p for p in panel_layout(data) if p[1] and p[1] != ["comp/baseline"]]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels)), sharex=True, squeeze=False)
@@ -107,5 +80,5 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         if keys:
             ax.legend(fontsize=8, loc="best")
     axes[-1, 0].set_xlabel("step (log scale)")
-    fig.suptitle(run_dir.name, fontsize=11)
-    return save_figure(fig, out or run_dir / "figures" / "curves.png")
+    fig.suptitle(folder.root.name, fontsize=11)
+    return save_figure(fig, out or folder.figure("curves"))

@@ -2,7 +2,7 @@
 
 What it shows: every series on a log-step axis in panels by family (losses, accuracy,
 grokking measures, head scores, composition, ...), the detected transitions as shaded
-bands (from events.jsonl, or detected now when the run has none), the lead/lag summary
+bands (from the run's events, or detected now when the run has none), the lead/lag summary
 against val/loss, and the array measurements (composition [L,H,L,H] tensors, head-score
 [L,H] matrices, the grokking spectrum) as heatmaps with a slider over checkpoints (one
 colour range over all checkpoints; log10 for positive values spanning over three decades). The
@@ -20,27 +20,22 @@ from pathlib import Path
 
 import numpy as np
 
-from phasewatch.callbacks.runfiles import EVENTS, INTERVENTIONS, read_jsonl
-from phasewatch.callbacks.transitions import DETAIL
+from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import detect_all, lead_lag
 from phasewatch.report.curves import panel_layout
-from phasewatch.report.series import load_series
+from phasewatch.rundir import RunFolder, load_series
 
 REFRESH_SECONDS = 30
 #: arrays drawn as one line per row (over their columns) instead of as a heatmap
 LINES = {"trace"}  # the LLC's SGLD chains: loss per sampling step
 
 
-def _arrays(run_dir: Path) -> dict[str, dict]:
-    """arrays/<probe>/<key>/step=N.npy of numeric matrices -> {name: {steps, labels, data}}."""
+def _arrays(folder: RunFolder) -> dict[str, dict]:
+    """The run's arrays of numeric matrices -> {"<probe>/<key>": {steps, labels, data}}."""
     out: dict[str, dict] = {}
-    root = run_dir / "arrays"
-    if not root.is_dir():
-        return out
-    for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
-        files = sorted(folder.glob("step=*.npy"))
+    for probe, key in folder.array_keys():
         mats, steps = [], []
-        for f in files:
+        for step, f in folder.array_files(probe, key):
             a = np.load(f, allow_pickle=False)
             if a.dtype.kind not in "fiu" or a.ndim not in (1, 2, 3, 4) or a.size == 0:
                 break
@@ -54,58 +49,53 @@ def _arrays(run_dir: Path) -> dict[str, dict]:
             cells = np.round(np.where(finite, a, 0.0).astype(float), 5).astype(object)
             cells[~finite] = None  # JSON has no NaN (e.g. composition pairs with l1 >= l2)
             mats.append(cells.tolist())
-            steps.append(int(f.stem.split("=")[1]))
+            steps.append(step)
         if mats and all(np.shape(m) == np.shape(mats[0]) for m in mats):
-            out[f"{folder.parent.name}/{folder.name}"] = {"steps": steps, "data": mats, **_labels(folder, mats[0]),
-                                                          "lines": folder.name in LINES}
+            out[f"{probe}/{key}"] = {"steps": steps, "data": mats, **_labels(folder, probe, key, mats[0]),
+                                     "lines": key in LINES}
     return out
 
 
-def _labels(folder: Path, matrix: list) -> dict:
+def _labels(folder: RunFolder, probe: str, key: str, matrix: list) -> dict:
     """Row and column names from a sibling `<key>_labels` array (rows first), if any."""
-    files = sorted((folder.parent / f"{folder.name}_labels").glob("step=*.npy"))
+    files = folder.array_files(probe, f"{key}_labels")
     if not files:
         return {}
-    names = [str(x) for x in np.load(files[-1], allow_pickle=False).tolist()]
+    names = [str(x) for x in np.load(files[-1][1], allow_pickle=False).tolist()]
     rows, cols = len(matrix), len(matrix[0])
     return {"rows": names[:rows], "cols": names[rows:rows + cols]} if len(names) == rows + cols else {}
 
 
 def build_report(run_dir: str | Path, live: bool = False) -> str:
-    run_dir = Path(run_dir)
-    series = load_series(run_dir)
-    watched = {k: v for k, v in series.items() if not DETAIL.search(k)}
-    events = list(read_jsonl(run_dir / EVENTS)) or detect_all(watched)
+    folder = RunFolder(run_dir)
+    series = load_series(folder.root)
+    watched = {k: v for k, v in series.items() if not is_detail(k)}
+    events = folder.read_events() or detect_all(watched)
     panels = [{"title": t, "keys": k, "log_y": y == "log"} for t, k, y in panel_layout(series) if k]
     reference = "val/loss" if "val/loss" in series else None
     payload = {
-        "name": run_dir.name,
+        "name": folder.root.name,
         "series": {k: [list(map(float, s)), list(map(float, v))] for k, (s, v) in series.items()},
         "panels": panels,
         "events": events,
         "leadlag": lead_lag(events, reference) if reference else [],
-        "arrays": _arrays(run_dir),
-        "interventions": list(read_jsonl(run_dir / INTERVENTIONS)),
+        "arrays": _arrays(folder),
+        "interventions": folder.read_interventions(),
     }
     data = json.dumps(payload, allow_nan=False, default=float).replace("</", "<\\/")
-    trajectory = run_dir / "figures" / "trajectory.png"
+    trajectory = folder.figure("trajectory")
     figure = (f'<h2>Checkpoint trajectory</h2><img alt="PCA paths of the checkpoints (phasewatch trajectory)" '
               f'style="max-width:100%" src="data:image/png;base64,{base64.b64encode(trajectory.read_bytes()).decode()}">'
               if trajectory.exists() else "")
     refresh = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if live else ""
-    return TEMPLATE.replace("%REFRESH%", refresh).replace("%TITLE%", html.escape(run_dir.name)).replace("%TRAJECTORY%", figure).replace("%DATA%", data)
+    return TEMPLATE.replace("%REFRESH%", refresh).replace("%TITLE%", html.escape(folder.root.name)).replace("%TRAJECTORY%", figure).replace("%DATA%", data)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, live: bool = False) -> Path:
-    """Write the report (default RUN_DIR/report.html) atomically; returns its path."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").exists():
-        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} not found: is {run_dir} a phasewatch run folder?")
-    out = Path(out) if out else run_dir / "report.html"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(build_report(run_dir, live))
-    tmp.replace(out)
-    return out
+    """Write the report (default: the run folder's report) atomically; returns its path."""
+    folder = RunFolder(run_dir)
+    folder.require_metrics()
+    return folder.write_atomic(Path(out) if out else folder.report, build_report(folder.root, live))
 
 
 TEMPLATE = r"""<!DOCTYPE html>

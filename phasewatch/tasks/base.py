@@ -17,17 +17,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. Raised before any training starts.
-
-    The message names the field, says what is wrong and how to fix it; the CLI prints it
-    as one line and exits with status 2.
-    """
-
-    def __init__(self, field: str, problem: str, fix: str):
-        self.field, self.problem, self.fix = field, problem, fix
-        super().__init__(f"{field}: {problem}. {fix}")
+from phasewatch.errors import ConfigError, require, require_int  # noqa: F401  (tasks raise them; re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,18 +79,6 @@ def minibatch(pool: Batch, size: int | None, seed: int, step: int) -> Batch:
         return pool
     idx = torch.randperm(len(pool), generator=step_generator(seed, step))[:size]
     return Batch(pool.tokens[idx], pool.targets[idx], pool.loss_mask[idx], {k: v[idx] for k, v in pool.extras.items()})
-
-
-def require(condition: bool, field: str, problem: str, fix: str) -> None:
-    """Raise ConfigError(field, problem, fix) unless `condition` holds."""
-    if not condition:
-        raise ConfigError(field, problem, fix)
-
-
-def require_int(value: Any, field: str, low: int, fix: str | None = None) -> None:
-    """Check that `value` is an int (not a bool) and at least `low`."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    require(ok, field, f"must be an integer >= {low}, got {value!r}", fix or f"Set {field} to an integer >= {low}.")
 
 
 class Task(abc.ABC):
@@ -176,11 +154,15 @@ def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
 
 
 def task_names() -> list[str]:
+    """Every registered task, those of installed plug-ins (entry points `phasewatch.tasks`) included."""
+    from phasewatch.plugins import load_entry_points
+
+    load_entry_points("phasewatch.tasks")
     return sorted(_REGISTRY)
 
 
 def task_class(name: str) -> type[Task]:
-    if name not in _REGISTRY:
+    if name not in task_names():
         raise ConfigError("task", f"unknown task {name!r}", f"Choose one of: {', '.join(task_names())}.")
     return _REGISTRY[name]
 

@@ -18,7 +18,8 @@ from phasewatch.tasks.base import Batch, Task, minibatch, register_task, require
 OPS = ("+", "-", "*", "/")
 
 
-def _is_prime(n: int) -> bool:
+def is_prime(n: int) -> bool:
+    """Whether n is a prime number (trial division)."""
     return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
 
 
@@ -40,7 +41,7 @@ class ModularAddition(Task):
         require_int(p, "data.task.p", 2, "Use a modulus of at least 2, e.g. 113 as in Nanda et al. 2023.")
         require(op in OPS, "data.task.op", f"unknown operation {op!r}", f"Use one of {', '.join(OPS)}.")
         require(
-            op != "/" or _is_prime(p),
+            op != "/" or is_prime(p),
             "data.task.p",
             f"division mod {p} needs every nonzero b to be invertible, but {p} is not prime",
             "Use a prime modulus with op '/'.",

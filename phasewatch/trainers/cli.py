@@ -10,7 +10,6 @@ stop before training with one line naming the field and the fix (exit status 2).
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ commands:
   plot      draw a run's curves: phasewatch plot RUN_DIR [--out FILE.png]
   analyze   probes over a run's saved checkpoints: phasewatch analyze RUN_DIR --probes llc
             (or the progress measures of a grokking-paper checkpoint: phasewatch analyze FILE.pth)
-  phases    phase transitions in every series of a run, metrics.jsonl or CSV: phasewatch phases FILE
+  phases    phase transitions in every series of a run, metrics file or CSV: phasewatch phases FILE
   report    one self-contained HTML report of a run: phasewatch report RUN_DIR [--out FILE.html]
   compile   compile a tracr program, check it, print its layout: phasewatch compile reverse
   sweep     run a W&B sweep file locally: phasewatch sweep sweeps/grokking.yaml [--parallel 2]
@@ -35,119 +34,10 @@ phasewatch fit --help lists every configuration flag.
 """
 
 
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _set_flag(argv: list[str], flag: str, value: str, keep_position: bool = False) -> list[str]:
-    """argv with `flag` set to `value`: in place of the old one (keep_position, which
-    matters when later flags refine it), or appended at the end."""
-    out, skip, placed = [], False, False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg == flag or arg.startswith(flag + "="):
-            skip = arg == flag
-            if keep_position and not placed:
-                out += [flag, value]
-                placed = True
-            continue
-        out.append(arg)
-    return out if placed else out + [flag, value]
-
-
-def task_argument(argv: list[str]) -> list[str]:
-    """Accept registry names (`--data.task induction`) besides class names, and refuse
-    unknown tasks with the list of known ones."""
-    value = _flag_value(argv, "--data.task")
-    if value is None or value.lstrip().startswith(("{", "[")):
-        return argv
-    from phasewatch.tasks import task_class, task_names
-    from phasewatch.tasks.base import ConfigError
-
-    classes = {task_class(n).__name__: task_class(n) for n in task_names()}
-    if value in task_names():
-        cls = task_class(value)
-    elif value.rsplit(".", 1)[-1] in classes:
-        cls = classes[value.rsplit(".", 1)[-1]]
-    else:
-        raise ConfigError("data.task", f"unknown task {value!r}",
-                          f"Use one of {', '.join(task_names())} (or {', '.join(sorted(classes))}).")
-    return _set_flag(argv, "--data.task", f"phasewatch.tasks.{cls.__name__}", keep_position=True)
-
-
-def resume_arguments(argv: list[str]) -> list[str]:
-    """Make `fit --run_dir D --ckpt_path last` resume D: read D/config.yaml when no
-    config is given, and turn `last` into D/checkpoints/last.ckpt."""
-    from phasewatch.tasks.base import ConfigError
-    from phasewatch.trainers.run_store import RunStore
-
-    ckpt, run_dir = _flag_value(argv, "--ckpt_path"), _flag_value(argv, "--run_dir")
-    if ckpt is None or run_dir is None:
-        if ckpt == "last":
-            raise ConfigError("ckpt_path", "'last' needs the run folder to resume",
-                              "Pass --run_dir runs/<name> together with --ckpt_path last.")
-        return argv
-    store = RunStore(run_dir)
-    if _flag_value(argv, "--config") is None and _flag_value(argv, "-c") is None:
-        if not store.config.exists():
-            raise ConfigError("run_dir", f"{store.config} does not exist, so there is no run to resume",
-                              "Check the folder name (runs/<name>), or start a new run with --config.")
-        argv = argv[:1] + ["--config", str(store.config)] + argv[1:]
-    if ckpt == "last":
-        if not store.last_checkpoint.exists():
-            raise ConfigError("ckpt_path", f"{store.last_checkpoint} does not exist",
-                              "The run saved no checkpoint yet; start it again without --ckpt_path.")
-        ckpt = str(store.last_checkpoint)
-        argv = _set_flag(argv, "--ckpt_path", ckpt)
-    check_checkpoint(Path(ckpt))
-    return argv
-
-
-def check_checkpoint(path: Path) -> None:
-    """Raise ConfigError naming the file, and the newest other checkpoint beside it, when a
-    checkpoint to resume from is missing, truncated or corrupt."""
-    from phasewatch.tasks.base import ConfigError
-
-    others = sorted((p for p in path.parent.glob("step=*.ckpt") if p != path), reverse=True)
-    fix = (f"Resume from an earlier one, e.g. --ckpt_path {others[0]}" if others
-           else "No other checkpoint is beside it; start the run again.")
-    if not path.is_file():
-        raise ConfigError("ckpt_path", f"{path} does not exist", fix)
-    import torch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # this run's own file
-        ckpt["state_dict"], ckpt["global_step"]
-    except Exception as err:  # noqa: BLE001 - any failure to read it means the same to the user
-        raise ConfigError("ckpt_path", f"{path} is truncated or corrupt ({type(err).__name__}: {err})", fix) from err
-
-
 def _lightning_cli(argv: list[str]) -> None:
     from phasewatch.trainers.lightning_cli import run_lightning_cli
 
     run_lightning_cli(argv)
-
-
-def default_run_dir(task_name: str) -> Path:
-    """runs/<task>-<date>-<time>, or runs/sweep-<sweep id>/<run id> under `wandb agent`."""
-    import os
-
-    if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
-        return Path("runs") / f"sweep-{os.environ['WANDB_SWEEP_ID']}" / os.environ["WANDB_RUN_ID"]
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path("runs") / f"{task_name}-{stamp}"
-    k = 1
-    while path.exists():
-        k += 1
-        path = Path("runs") / f"{task_name}-{stamp}-{k}"
-    return path
 
 
 def list_tasks() -> None:
@@ -184,9 +74,9 @@ def plot_command(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(
         prog="phasewatch plot",
-        description="Draw a run folder's curves as a PNG (and, for RASP runs, RUN_DIR/figures/tracr.png: learned vs compiled).")
+        description="Draw a run folder's curves as a PNG (and, for RASP runs, the learned-vs-compiled figure beside it).")
     parser.add_argument("run_dir")
-    parser.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/figures/curves.png)")
+    parser.add_argument("--out", default=None, help="PNG path (default: the run folder's figures)")
     args = parser.parse_args(argv)
     from phasewatch.report.comparison import plot_comparison
     from phasewatch.report.curves import plot_run
@@ -247,7 +137,7 @@ def analyze_command(argv: list[str]) -> int:
     import torch.nn.functional as F
 
     from phasewatch.probes.fourier import progress_measures
-    from phasewatch.trainers.model import load_progress_measures_checkpoint
+    from phasewatch.models import load_progress_measures_checkpoint
 
     try:
         final, task = load_progress_measures_checkpoint(args.checkpoint)
@@ -279,8 +169,8 @@ def phases_command(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(
         prog="phasewatch phases",
-        description="Detect phase transitions (in log-step time) in every series of a run folder, a metrics.jsonl "
-                    "or a CSV file (steps from a 'step' column, else 1, 2, 3, ...).")
+        description="Detect phase transitions (in log-step time) in every series of a run folder, a metrics file "
+                    "(.jsonl) or a CSV file (steps from a 'step' column, else 1, 2, 3, ...).")
     parser.add_argument("path")
     parser.add_argument("--keys", nargs="*", help="only these series (default: all)")
     parser.add_argument("--log-values", action="store_true", help="detect in log10 of the values (losses by decades)")
@@ -289,7 +179,7 @@ def phases_command(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the events as JSON lines")
     args = parser.parse_args(argv)
     from phasewatch.probes.transitions import DetectorConfig, detect_all, lead_lag
-    from phasewatch.report.series import load_series
+    from phasewatch.rundir import load_series
 
     try:
         data = load_series(args.path)
@@ -331,9 +221,9 @@ def report_command(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="phasewatch report",
-                                     description="Write RUN_DIR/report.html (self-contained) and RUN_DIR/figures/curves.png.")
+                                     description="Write the run folder's self-contained HTML report and its curves figure.")
     parser.add_argument("run_dir")
-    parser.add_argument("--out", default=None, help="HTML path (default: RUN_DIR/report.html)")
+    parser.add_argument("--out", default=None, help="HTML path (default: the report in the run folder)")
     args = parser.parse_args(argv)
     from phasewatch.report.curves import plot_run
     from phasewatch.report.html import write_report
@@ -385,7 +275,7 @@ COMMANDS = {
     "compile": (__name__, "compile_command"),
     "sweep": ("phasewatch.trainers.sweep", "sweep_command"),
     "compare": ("phasewatch.report.compare", "compare_command"),
-    "trajectory": ("phasewatch.report.trajectory", "trajectory_command"),
+    "trajectory": ("phasewatch.trainers.trajectory", "trajectory_command"),
 }
 
 
@@ -398,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if argv[0] in ("fit", "validate"):
-            _lightning_cli(resume_arguments(task_argument(argv)))
+            _lightning_cli(argv)
         elif argv[0] == "tasks":
             list_tasks()
         elif argv[0] in COMMANDS:

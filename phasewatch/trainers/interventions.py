@@ -25,25 +25,22 @@
 
 Components: `L<l>H<h>` (a head), `L<l>.attn`, `L<l>.mlp`; `embed`, `pos_embed`, `unembed`
 (freeze and reinit only). Steps count optimizer updates, like the run's `step`.
-The list is written to `<run_dir>/interventions.jsonl` and drawn on the report's time
+The list is written to the run folder (`RunFolder.interventions`) and drawn on the report's time
 axis. Invalid entries stop the run before training (ConfigError).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from phasewatch.callbacks.runfiles import INTERVENTIONS
+from phasewatch.callbacks.loggers import run_folder
+from phasewatch.models import build_model, component_parameters, parse_component, register_component_hook
 from phasewatch.probes.fourier import training_measure
 from phasewatch.tasks.base import ConfigError, require, require_int
-from phasewatch.trainers.model import (build_model, component_parameters, parse_component,
-                                       register_component_hook)
 
 KINDS = ("freeze", "ablate", "reinit", "aux_loss")
 
@@ -124,8 +121,7 @@ class Interventions(pl.Callback):
             else:
                 component_parameters(model, item.component)
         if self.items and trainer.default_root_dir:
-            path = Path(trainer.default_root_dir) / INTERVENTIONS
-            path.write_text("".join(json.dumps(dataclasses.asdict(i)) + "\n" for i in self.items))
+            run_folder(trainer).write_interventions([dataclasses.asdict(i) for i in self.items])
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for handle in self._hooks:

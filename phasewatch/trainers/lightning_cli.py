@@ -1,30 +1,41 @@
-"""LightningCLI for phasewatch: the run folder, loggers and checkpoints around a fit.
+"""The one configuration path: LightningCLI for phasewatch, and the run folder, loggers and
+checkpoints around a fit.
 
-Imported only when a Lightning subcommand runs (`phasewatch fit`), so that the rest of
-the command line starts without importing torch or lightning.
+`PhasewatchCLI` is the parser of every run's configuration. `phasewatch fit|validate` run
+it on the command line (`run_lightning_cli`; registry task names and `--run_dir D
+--ckpt_path last` are resolved before jsonargparse parses: `resolve_arguments`), and every
+command that needs a finished run's model or data (`analyze`, `trajectory`) gets them from
+the same parser over the run's saved config (`load_run_config`), never by hand.
+
+Imported only when such a command runs, so that the rest of the command line starts
+without importing lightning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from jsonargparse import ActionYesNo, Namespace
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
+from phasewatch.callbacks.loggers import RunFolderLogger
 from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.probes import default_probes, get_probe
 from phasewatch.report.live import LiveReport
+from phasewatch.rundir import RunFolder, default_run_dir, step_checkpoints
 from phasewatch.tasks.base import ConfigError
-from phasewatch.trainers.cli import default_run_dir
 from phasewatch.trainers.interventions import Interventions
 from phasewatch.trainers.module import TaskDataModule, TrainModule
-from phasewatch.trainers.run_store import RunFolderLogger, RunStore
 from phasewatch.trainers.wandb_logging import make_wandb_logger
 
 
@@ -63,12 +74,20 @@ class PhasewatchCLI(LightningCLI):
         parser.add_lightning_class_args(Interventions, "interventions")
         parser.link_arguments("data.task", "model.task", apply_on="instantiate")
 
+    def parse_arguments(self, parser, args) -> None:
+        """Parse the command line after `resolve_arguments` (a saved config, given as a
+        dict by `load_run_config`, is parsed as it is)."""
+        if isinstance(args, dict):
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(resolve_arguments(list(sys.argv[1:] if args is None else args)))
+
     def instantiate_trainer(self, **kwargs: Any):
         cfg = self.config[self.subcommand]
         task = self.datamodule.task
         resuming = cfg.get("ckpt_path") is not None
         run_dir = cfg.get("run_dir") or default_run_dir(task.name)
-        store = RunStore(run_dir)
+        store = RunFolder(run_dir)
         if store.has_run() and not resuming and self.subcommand == "fit":
             raise ConfigError("run_dir", f"{run_dir} already holds a run",
                               f"Resume it with --run_dir {run_dir} --ckpt_path last, or choose another --run_dir.")
@@ -121,6 +140,106 @@ class PhasewatchCLI(LightningCLI):
             sys.exit(1)  # stopped on a NaN/inf loss: a failure for scripts and sweeps
 
 
+def resolve_arguments(argv: list[str]) -> list[str]:
+    """The command line as jsonargparse should see it: registry task names as class paths,
+    and a resumed run's config and last checkpoint filled in."""
+    return resume_arguments(task_argument(argv))
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _set_flag(argv: list[str], flag: str, value: str, keep_position: bool = False) -> list[str]:
+    """argv with `flag` set to `value`: in place of the old one (keep_position, which
+    matters when later flags refine it), or appended at the end."""
+    out, skip, placed = [], False, False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == flag or arg.startswith(flag + "="):
+            skip = arg == flag
+            if keep_position and not placed:
+                out += [flag, value]
+                placed = True
+            continue
+        out.append(arg)
+    return out if placed else out + [flag, value]
+
+
+def task_argument(argv: list[str]) -> list[str]:
+    """Accept registry names (`--data.task induction`) besides class names, and refuse
+    unknown tasks with the list of known ones."""
+    value = _flag_value(argv, "--data.task")
+    if value is None or value.lstrip().startswith(("{", "[")):
+        return argv
+    from phasewatch.tasks import task_class, task_names
+
+    classes = {task_class(n).__name__: task_class(n) for n in task_names()}
+    if value in task_names():
+        cls = task_class(value)
+    elif value.rsplit(".", 1)[-1] in classes:
+        cls = classes[value.rsplit(".", 1)[-1]]
+    elif "." in value:
+        return argv  # a class path of the user's own (a plug-in): jsonargparse imports and checks it
+    else:
+        raise ConfigError("data.task", f"unknown task {value!r}",
+                          f"Use one of {', '.join(task_names())} (or {', '.join(sorted(classes))}).")
+    import phasewatch.tasks
+
+    own = getattr(phasewatch.tasks, cls.__name__, None) is cls  # phasewatch's tasks by their short class path
+    path = f"phasewatch.tasks.{cls.__name__}" if own else f"{cls.__module__}.{cls.__qualname__}"
+    return _set_flag(argv, "--data.task", path, keep_position=True)
+
+
+def resume_arguments(argv: list[str]) -> list[str]:
+    """Make `fit --run_dir D --ckpt_path last` resume D: read D's config when no config is
+    given, and turn `last` into D's last checkpoint."""
+    ckpt, run_dir = _flag_value(argv, "--ckpt_path"), _flag_value(argv, "--run_dir")
+    if ckpt is None or run_dir is None:
+        if ckpt == "last":
+            raise ConfigError("ckpt_path", "'last' needs the run folder to resume",
+                              "Pass --run_dir runs/<name> together with --ckpt_path last.")
+        return argv
+    store = RunFolder(run_dir)
+    if _flag_value(argv, "--config") is None and _flag_value(argv, "-c") is None:
+        if not store.config.exists():
+            raise ConfigError("run_dir", f"{store.config} does not exist, so there is no run to resume",
+                              "Check the folder name (runs/<name>), or start a new run with --config.")
+        argv = argv[:1] + ["--config", str(store.config)] + argv[1:]
+    if ckpt == "last":
+        if not store.last_checkpoint.exists():
+            raise ConfigError("ckpt_path", f"{store.last_checkpoint} does not exist",
+                              "The run saved no checkpoint yet; start it again without --ckpt_path.")
+        ckpt = str(store.last_checkpoint)
+        argv = _set_flag(argv, "--ckpt_path", ckpt)
+    check_checkpoint(Path(ckpt))
+    return argv
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise ConfigError naming the file, and the newest other checkpoint beside it, when a
+    checkpoint to resume from is missing, truncated or corrupt."""
+    from phasewatch.tasks.base import ConfigError
+
+    others = [p for p in reversed(step_checkpoints(path.parent).values()) if p != path]
+    fix = (f"Resume from an earlier one, e.g. --ckpt_path {others[0]}" if others
+           else "No other checkpoint is beside it; start the run again.")
+    if not path.is_file():
+        raise ConfigError("ckpt_path", f"{path} does not exist", fix)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # this run's own file
+        ckpt["state_dict"], ckpt["global_step"]
+    except Exception as err:  # noqa: BLE001 - any failure to read it means the same to the user
+        raise ConfigError("ckpt_path", f"{path} is truncated or corrupt ({type(err).__name__}: {err})", fix) from err
+
+
 TRAINER_DEFAULTS = dict(  # with the other defaults: the quickstart run
     max_steps=3000, val_check_interval=25, check_val_every_n_epoch=None, log_every_n_steps=10,
     num_sanity_val_steps=0, enable_checkpointing=True, enable_model_summary=False,
@@ -140,3 +259,34 @@ def run_lightning_cli(argv: list[str]) -> None:
         sys.argv = saved_argv
 
 
+
+
+class _ConfigOnly(PhasewatchCLI):
+    """PhasewatchCLI that parses a saved config and instantiates its classes (model, data,
+    callbacks), without a trainer or a run folder."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> None:
+        return None
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """A run rebuilt from its saved config: the config as saved, and the model (fresh
+    weights) and data module it describes."""
+
+    config: dict[str, Any]
+    model: TrainModule
+    datamodule: TaskDataModule
+
+
+def load_run_config(run_dir: str | os.PathLike) -> RunConfig:
+    """Parse a run folder's config with `fit`'s own parser and instantiate it (ConfigError
+    when the folder has none)."""
+    folder = RunFolder(run_dir)
+    config = folder.read_config()
+    # arguments of Trainer.fit itself (ckpt_path, ...) belong to the fit command, not to the run
+    fit_only = set(inspect.signature(Trainer.fit).parameters) - {"self", "model", "datamodule"}
+    saved = {k: v for k, v in config.items() if k not in fit_only}
+    cli = _ConfigOnly(TrainModule, TaskDataModule, save_config_callback=None, trainer_defaults=TRAINER_DEFAULTS,
+                      seed_everything_default=0, auto_configure_optimizers=False, args=saved, run=False)
+    return RunConfig(config, cli.model, cli.datamodule)

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
+from phasewatch.models import ModelConfig, build_model, native_module
 from phasewatch.tasks.base import Batch, ConfigError, Task, masked_loss, masked_loss_and_acc, require, require_int  # noqa: F401
-from phasewatch.trainers.model import ModelConfig, build_model, native_module
 
 
 #: device copies of recently served batches kept by TrainModule.transfer_batch_to_device

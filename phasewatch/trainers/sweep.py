@@ -10,10 +10,10 @@ same here as under `wandb agent`. Each run is an ordinary run folder `DIR/<name>
 with an offline W&B run grouped under the sweep's name (upload later with `wandb sync`).
 
 Up to `--parallel` runs train at once, each in its own run folder and process, with
-the CPU threads split between them. `DIR/sweep.json` records every run's parameters and
-state as it changes; running the same command again resumes the sweep: finished and
-failed runs are kept, runs that were stopped midway continue from their `last.ckpt`, and
-the search goes on from there. `DIR/logs/<run>.log` holds each run's output.
+the CPU threads split between them. The sweep folder's state file records every run's
+parameters and state as it changes; running the same command again resumes the sweep: finished and
+failed runs are kept, runs that were stopped midway continue from their last checkpoint, and
+the search goes on from there. The sweep folder keeps each run's output (`SweepFolder.log`).
 
 Fails with "phasewatch: error: ..." (exit 2) on a file W&B would refuse, a command that
 does not run `phasewatch fit`, a random or bayes search without `--count`, or a folder
@@ -34,10 +34,8 @@ from typing import Any
 
 import yaml
 
-from phasewatch.callbacks.runfiles import METRICS, pid_alive, read_series
+from phasewatch.rundir import RUNS, SweepFolder, pid_alive
 from phasewatch.tasks.base import ConfigError
-
-STATE = "sweep.json"
 INSTALL_HINT = "pip install --no-deps sweeps==0.3.0 (its numpy<2 pin is too strict; it runs on numpy 2)"
 
 
@@ -93,7 +91,8 @@ class LocalSweep:
         self.file = Path(file)
         self.config = load_sweep_file(self.file)
         self.name = str(self.config.get("name") or self.file.stem)
-        self.root = Path(out) if out is not None else Path("runs") / f"sweep-{self.name}"
+        self.root = Path(out) if out is not None else RUNS / f"sweep-{self.name}"
+        self.folder = SweepFolder(self.root)
         self.count, self.parallel = count, parallel
         if parallel < 1:
             raise ConfigError("parallel", f"--parallel {parallel} is below 1", "Use --parallel 1 or more.")
@@ -107,10 +106,9 @@ class LocalSweep:
 
     # state file -------------------------------------------------------------------------
     def _load_state(self) -> dict[str, Any]:
-        path = self.root / STATE
-        if not path.exists():
+        if not self.folder.is_sweep():
             return {"name": self.name, "file": str(self.file), "config": self.config, "pid": None, "runs": []}
-        state = json.loads(path.read_text())
+        state = self.folder.read_state()
         if state.get("config") != self.config:
             raise ConfigError("out", f"{self.root} holds the sweep of another file ({state.get('file')}) "
                                      "or of an earlier version of this one",
@@ -122,10 +120,7 @@ class LocalSweep:
         return state
 
     def _save(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / (STATE + ".tmp")
-        tmp.write_text(json.dumps(self.state, indent=1, default=str) + "\n")
-        os.replace(tmp, self.root / STATE)
+        self.folder.write_state(self.state)
 
     # search -----------------------------------------------------------------------------
     def _sweep_runs(self) -> list:
@@ -165,25 +160,24 @@ class LocalSweep:
 
     # runs -------------------------------------------------------------------------------
     def run_dir(self, run: dict[str, Any]) -> Path:
-        return self.root / run["name"]
+        return self.folder.run(run["name"]).root
 
     def command(self, run: dict[str, Any]) -> list[str]:
         cmd = command_for(self.config, run["params"], self.file) + ["--run_dir", str(self.run_dir(run))]
-        if (self.run_dir(run) / "checkpoints" / "last.ckpt").exists():
+        if self.folder.run(run["name"]).last_checkpoint.exists():
             cmd += ["--ckpt_path", "last"]
         return cmd
 
     def _start(self, run: dict[str, Any]) -> subprocess.Popen:
-        run_dir = self.run_dir(run)
-        if run_dir.exists() and not (run_dir / "checkpoints" / "last.ckpt").exists():
-            shutil.rmtree(run_dir)  # stopped before its first checkpoint: nothing to resume
-        logs = self.root / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        folder = self.folder.run(run["name"])
+        if folder.root.exists() and not folder.last_checkpoint.exists():
+            shutil.rmtree(folder.root)  # stopped before its first checkpoint: nothing to resume
+        self.folder.logs.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.setdefault("WANDB_MODE", "offline")
         env["WANDB_RUN_GROUP"] = self.name
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
-        with open(logs / f"{run['name']}.log", "a") as log:
+        with open(self.folder.log(run["name"]), "a") as log:
             proc = subprocess.Popen(self.command(run), stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
         run.update(state="running", start_time=time.time())
@@ -196,7 +190,7 @@ class LocalSweep:
         run["seconds"] = round(run["end_time"] - run["start_time"], 1)
         run["state"] = "finished" if code == 0 else ("stopped" if code < 0 else "failed")
         metric = (self.config.get("metric") or {}).get("name")
-        series = read_series(self.run_dir(run) / METRICS)
+        series = self.folder.run(run["name"]).series()
         if metric and metric in series:
             run["summary"] = {metric: series[metric][1][-1]}
         self._save()
@@ -241,7 +235,7 @@ class LocalSweep:
                         del running[name]
                         self._finish(run, code)
                         extra = "".join(f"  {k} {v:.4g}" for k, v in (run.get("summary") or {}).items())
-                        log = "" if code == 0 else f"  (exit {code}; see {self.root / 'logs' / (name + '.log')})"
+                        log = "" if code == 0 else f"  (exit {code}; see {self.folder.log(name)})"
                         print(f"  {run['state']:8s} {name}  in {run['seconds']:.0f} s{extra}{log}", flush=True)
         except KeyboardInterrupt:
             for proc, run in running.values():

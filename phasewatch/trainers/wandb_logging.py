@@ -19,10 +19,7 @@ from typing import Any
 from lightning.fabric.loggers.logger import _DummyExperiment
 from lightning.pytorch.loggers import WandbLogger
 
-from phasewatch.trainers.run_store import RunStore
-
-WANDB_ID_FILE = "wandb_id"
-WANDB_GROUP_FILE = "wandb_group"  # the training run's W&B group (WANDB_RUN_GROUP), for its analyses
+from phasewatch.rundir import RunFolder
 
 
 def wandb_mode() -> str:
@@ -47,10 +44,10 @@ def new_run_id() -> str:
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-def offline_hint(store: RunStore) -> str:
+def offline_hint(store: RunFolder) -> str:
     why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no login found"
-    return (f"phasewatch: W&B is offline ({why}); its files go to {store.root / 'wandb'}. "
-            f"Upload later with: wandb sync {store.root / 'wandb'}/offline-run-*")
+    return (f"phasewatch: W&B is offline ({why}); its files go to {store.wandb_dir}. "
+            f"Upload later with: wandb sync {store.wandb_dir}/offline-run-*")
 
 
 def transition_summary(event: dict) -> dict[str, Any]:
@@ -111,7 +108,7 @@ class SafeWandbLogger(WandbLogger):
             self._experiment = None
 
 
-def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str, Any]) -> SafeWandbLogger | None:
+def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[str, Any]) -> SafeWandbLogger | None:
     """A logger writing under `<run_dir>/wandb`, resuming the W&B run id kept in the run
     folder (a new run takes `WANDB_RUN_ID` when `wandb agent` set it, so that the run
     joins the agent's sweep); None when W&B is disabled. The run's group
@@ -120,15 +117,13 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
     mode = wandb_mode()
     if mode == "disabled":
         return None
-    id_file = store.root / WANDB_ID_FILE
-    if id_file.exists():
-        run_id = id_file.read_text().strip()
-    else:  # `wandb agent` chooses the id of each sweep run (WANDB_RUN_ID)
+    run_id = store.wandb_id()
+    if run_id is None:  # `wandb agent` chooses the id of each sweep run (WANDB_RUN_ID)
         run_id = os.environ.get("WANDB_RUN_ID") or new_run_id()
-        id_file.write_text(run_id + "\n")
+        store.set_wandb_id(run_id)
     group = os.environ.get("WANDB_RUN_GROUP") or None  # passed on: W&B reads its environment once per process
     if group:
-        (store.root / WANDB_GROUP_FILE).write_text(group + "\n")
+        store.set_wandb_group(group)
     if mode == "offline":
         print(offline_hint(store))
     logger = SafeWandbLogger(
@@ -138,7 +133,7 @@ def make_wandb_logger(store: RunStore, name: str, project: str, config: dict[str
     return logger
 
 
-def make_analysis_logger(store: RunStore, config: dict[str, Any], probes: list[str],
+def make_analysis_logger(store: RunFolder, config: dict[str, Any], probes: list[str],
                          options: dict[str, Any]) -> SafeWandbLogger | None:
     """The W&B run of one `phasewatch analyze`: a new run in the training run's project,
     named `<run>-analyze-<probes>` (job type `analyze`), with the training run's config
@@ -154,11 +149,8 @@ def make_analysis_logger(store: RunStore, config: dict[str, Any], probes: list[s
     mode = wandb_mode()
     if mode == "disabled" or config.get("wandb") is False:
         return None
-    trained = store.root / WANDB_ID_FILE
-    analyze = {"probes": probes, "options": options,
-               "training_run_id": trained.read_text().strip() if trained.exists() else None}
-    group_file = store.root / WANDB_GROUP_FILE
-    group = group_file.read_text().strip() if group_file.exists() else os.environ.get("WANDB_RUN_GROUP")
+    analyze = {"probes": probes, "options": options, "training_run_id": store.wandb_id()}
+    group = store.wandb_group() or os.environ.get("WANDB_RUN_GROUP")
     if mode == "offline":
         print(offline_hint(store))
     return SafeWandbLogger(

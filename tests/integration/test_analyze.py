@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from phasewatch.trainers.cli import main
-from phasewatch.trainers.run_store import read_jsonl
+from phasewatch.rundir import read_jsonl
 from phasewatch.trainers.wandb_logging import transition_summary
 
 from . import wandb_records

@@ -119,7 +119,7 @@ TINY_MOD = ["--data.task.p", "13", "--model.arch.d_model", "16", "--model.arch.n
 def test_nonfinite_loss_stops_with_the_step_and_keeps_what_was_written(tmp_path, capsys):
     import torch
 
-    from phasewatch.trainers.run_store import read_jsonl
+    from phasewatch.rundir import read_jsonl
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
@@ -134,7 +134,7 @@ def test_nonfinite_loss_stops_with_the_step_and_keeps_what_was_written(tmp_path,
 
 
 def test_nonfinite_loss_can_be_skipped(tmp_path):
-    from phasewatch.trainers.run_store import read_jsonl
+    from phasewatch.rundir import read_jsonl
 
     run = tmp_path / "run"
     assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.weight_decay", "0", "--model.warmup_steps", "0",
@@ -187,7 +187,7 @@ def device_side_checks(monkeypatch):
 
 
 def test_device_side_check_trains_like_the_per_step_check(tmp_path, device_side_checks):
-    from phasewatch.trainers.run_store import read_jsonl
+    from phasewatch.rundir import read_jsonl
 
     run = tmp_path / "run"
     assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--trainer.max_steps", "30", "--trainer.val_check_interval",
@@ -199,7 +199,7 @@ def test_device_side_check_trains_like_the_per_step_check(tmp_path, device_side_
 
 
 def test_device_side_check_skips_and_counts_nonfinite_steps(tmp_path, device_side_checks):
-    from phasewatch.trainers.run_store import read_jsonl
+    from phasewatch.rundir import read_jsonl
 
     run = tmp_path / "run"
     assert main(["fit", "--run_dir", str(run), *TINY_MOD, "--model.lr", "1e30", "--model.weight_decay", "0",

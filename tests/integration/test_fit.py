@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from phasewatch.trainers.cli import main
-from phasewatch.trainers.run_store import read_jsonl
+from phasewatch.rundir import read_jsonl
 
 TINY = ["--model.arch.d_model", "16", "--model.arch.n_heads", "2", "--model.arch.d_head", "8",
         "--model.arch.d_mlp", "32", "--trainer.enable_progress_bar", "false"]

@@ -12,7 +12,7 @@ from phasewatch.callbacks.probes import measure
 from phasewatch.probes import get_probe
 from phasewatch.probes.registry import probe_names
 from phasewatch.trainers.posthoc import load_run_module, load_weights
-from phasewatch.trainers.run_store import read_jsonl
+from phasewatch.rundir import read_jsonl
 
 from .test_fit import TASKS, fit
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
+from phasewatch.models import ModelConfig, build_model, component_parameters, register_component_hook
 from phasewatch.tasks import ConfigError, make_task
 from phasewatch.trainers.cli import main
 from phasewatch.trainers.interventions import Interventions
-from phasewatch.trainers.model import ModelConfig, build_model, component_parameters, register_component_hook
 from phasewatch.trainers.posthoc import load_run_module
 
 BASE = ["--data.task.p", "23", "--model.arch.d_model", "32", "--model.arch.n_heads", "2", "--model.arch.d_head", "16",
@@ -106,7 +106,7 @@ def test_bad_interventions_stop_before_training(tmp_path, capsys):
 
 
 def test_an_auxiliary_loss_term_is_added_and_logged_in_the_breakdown(tmp_path):
-    from phasewatch.trainers.run_store import read_jsonl
+    from phasewatch.rundir import read_jsonl
 
     run = tmp_path / "run"
     assert fit(run, 12, [{"kind": "aux_loss", "measure": "excluded_loss", "weight": -0.1, "start": 3, "end": 8}],

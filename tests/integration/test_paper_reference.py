@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from phasewatch.models import load_progress_measures_checkpoint
 from phasewatch.probes.fourier import progress_measures
-from phasewatch.trainers.model import load_progress_measures_checkpoint
 
 CKPT = "wd_10-1_mod_addition_loss_curve.pth"
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from phasewatch.trainers.cli import main
-from phasewatch.trainers.run_store import read_jsonl
+from phasewatch.rundir import read_jsonl
 
 from phasewatch.trainers.wandb_logging import transition_summary
 

@@ -195,18 +195,17 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_runs(tmp_path):
 def test_a_run_started_by_wandb_agent_takes_the_agents_run_id(tmp_path, monkeypatch):
     """`wandb agent` sets WANDB_SWEEP_ID and WANDB_RUN_ID for each run it starts; the run
     must use that id (or W&B would not count it in the sweep) and get its own folder."""
-    from phasewatch.trainers.cli import default_run_dir
-    from phasewatch.trainers.run_store import RunStore
-    from phasewatch.trainers.wandb_logging import WANDB_ID_FILE, make_wandb_logger
+    from phasewatch.rundir import RunFolder, default_run_dir
+    from phasewatch.trainers.wandb_logging import make_wandb_logger
 
     monkeypatch.setenv("WANDB_SWEEP_ID", "sw33p")
     monkeypatch.setenv("WANDB_RUN_ID", "agentrun1")
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert default_run_dir("induction") == Path("runs") / "sweep-sw33p" / "agentrun1"
-    store = RunStore(tmp_path / "run")
+    store = RunFolder(tmp_path / "run")
     store.create()
     logger = make_wandb_logger(store, "run", "phasewatch-test", {})
-    assert (store.root / WANDB_ID_FILE).read_text().strip() == "agentrun1"
+    assert (store.root / "wandb_id").read_text().strip() == "agentrun1"
     assert logger.version == "agentrun1"
     monkeypatch.delenv("WANDB_SWEEP_ID")
     monkeypatch.delenv("WANDB_RUN_ID")
@@ -220,13 +219,13 @@ def test_without_the_sweep_engine_the_error_says_how_to_install_it(monkeypatch, 
 
 
 def test_an_empty_wandb_mode_variable_means_unset(tmp_path, monkeypatch):
-    from phasewatch.trainers.run_store import RunStore
+    from phasewatch.rundir import RunFolder
     from phasewatch.trainers.wandb_logging import make_wandb_logger
 
     monkeypatch.setenv("WANDB_MODE", "")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: offline
-    store = RunStore(tmp_path / "run")
+    store = RunFolder(tmp_path / "run")
     store.create()
     logger = make_wandb_logger(store, "run", "phasewatch-test", {})
     logger.log_metrics({"x": 1.0}, step=0)

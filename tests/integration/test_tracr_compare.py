@@ -4,11 +4,11 @@ itself, a random model, the necessity of compiled components, and the errors."""
 import pytest
 import torch
 
+from phasewatch.models import ModelConfig, build_model
 from phasewatch.probes.ablation import ablation_probe
 from phasewatch.probes.tracr_match import tracr_probe
 from phasewatch.tasks import ConfigError
 from phasewatch.tasks.rasp import RaspTask
-from phasewatch.trainers.model import ModelConfig, build_model
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +98,9 @@ def test_a_causal_model_cannot_be_compared_with_a_non_causal_program(reverse, ta
 
 def test_comparison_during_training_fills_the_run_folder_and_report(tmp_path):
     from phasewatch.report.html import _arrays
+    from phasewatch.rundir import RunFolder
     from phasewatch.trainers.cli import main
-    from phasewatch.trainers.run_store import read_jsonl
+    from phasewatch.rundir import read_jsonl
 
     run = tmp_path / "run"
     assert main(["fit", "--config", "configs/reverse.yaml", "--data.task.vocab", "[1, 2, 3]",
@@ -111,7 +112,7 @@ def test_comparison_during_training_fills_the_run_folder_and_report(tmp_path):
     assert measured == [0, 15, 30]
     assert all(any(k.startswith("ablation/L1H") for k in r) for r in records if "tracr/agreement" in r)
     assert all("tracr/probe_baseline/length/resid_post1" in r for r in records if "tracr/agreement" in r)
-    arrays = _arrays(run)
+    arrays = _arrays(RunFolder(run))
     cka = arrays["tracr/cka"]
     assert cka["steps"] == [0, 15, 30] and len(cka["data"][0]) == 5 and len(cka["data"][0][0]) == 9
     assert cka["rows"][0] == "resid_pre0" and cka["cols"][-1] == "compiled resid_post3"

@@ -3,7 +3,7 @@
 import pytest
 
 from phasewatch.trainers.cli import main
-from phasewatch.trainers.run_store import read_jsonl
+from phasewatch.rundir import read_jsonl
 
 pytestmark = pytest.mark.slow
 

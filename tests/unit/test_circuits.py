@@ -6,12 +6,12 @@ import types
 import pytest
 import torch
 
+from phasewatch.models import ModelConfig, build_model
 from phasewatch.probes.composition import composition_matrix, composition_scores, random_baseline
 from phasewatch.probes.heads import (
     classify, copying_scores, duplicate_token_score, induction_score, previous_token_score, repeated_tokens,
 )
 from phasewatch.tasks import make_task
-from phasewatch.trainers.model import ModelConfig, build_model
 
 
 def e(d, i):

@@ -77,7 +77,7 @@ def test_restricted_and_excluded_loss_of_fourier_logits():
 
 def test_progress_measures_on_a_trained_like_model_finds_its_frequencies():
     """Key frequencies come from W_L; build a 1-layer bridge whose W_L is pure Fourier."""
-    from phasewatch.trainers.model import ModelConfig, build_model
+    from phasewatch.models import ModelConfig, build_model
 
     p = 29
     task = make_task("modular_addition", p=p, frac_train=0.4)
@@ -99,7 +99,7 @@ def test_progress_measures_on_a_trained_like_model_finds_its_frequencies():
 
 
 def test_progress_measures_refuse_non_prime_or_other_operations():
-    from phasewatch.trainers.model import ModelConfig, build_model
+    from phasewatch.models import ModelConfig, build_model
 
     for kwargs in (dict(p=21), dict(p=23, op="*")):
         task = make_task("modular_addition", frac_train=0.5, **kwargs)

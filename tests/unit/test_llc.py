@@ -7,10 +7,10 @@ import warnings
 import pytest
 import torch
 
+from phasewatch.models import ModelConfig, build_model
 from phasewatch.probes import get_probe
 from phasewatch.probes.llc import calibrate_llc, estimate_llc, model_llc, recommend_step_size
 from phasewatch.tasks import make_task
-from phasewatch.trainers.model import ModelConfig, build_model
 
 D = 64  # independent copies of the 1-D potential, estimated together: lambda = D / k
 

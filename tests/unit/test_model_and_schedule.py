@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from phasewatch.callbacks.schedule import Schedule
+from phasewatch.models import ModelConfig, build_model, fresh_like, native_module
 from phasewatch.tasks import ConfigError, make_task
-from phasewatch.trainers.model import ModelConfig, build_model
 
 
 def test_task_defaults_fill_unset_fields_and_explicit_values_win():
@@ -29,6 +29,26 @@ def test_bridge_has_hooks_weight_views_and_frozen_zero_attention_biases():
         assert not proj.bias.requires_grad and torch.count_nonzero(proj.bias) == 0
     # causal: no attention to later positions
     assert torch.all(cache["blocks.0.attn.hook_pattern"][:, :, 0, 1:] == 0)
+
+
+def test_native_module_unwraps_a_bridge_and_passes_other_modules_through():
+    task = make_task("modular_addition", p=23)
+    model = build_model(ModelConfig(d_model=32, n_heads=2, d_head=16, d_mlp=64), task)
+    tokens = task.train_set().tokens[:5]
+    native = native_module(model)
+    assert native is model.original_model and torch.equal(native(tokens), model(tokens))
+    plain = torch.nn.Linear(2, 2)
+    assert native_module(plain) is plain
+
+
+def test_fresh_like_is_seeded_by_its_argument_and_leaves_the_global_rng_alone():
+    task = make_task("modular_addition", p=23)
+    model = build_model(ModelConfig(d_model=32, n_heads=2, d_head=16, d_mlp=64, seed=0), task)
+    state = torch.random.get_rng_state()
+    a, b, c = fresh_like(model, 7), fresh_like(model, 7), fresh_like(model, 8)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert model.cfg.seed == 0  # the model's own config is untouched
+    assert torch.equal(a.W_E, b.W_E) and not torch.equal(a.W_E, c.W_E) and not torch.equal(a.W_E, model.W_E)
 
 
 def test_rasp_reverse_gets_a_bidirectional_model_with_its_own_output_vocabulary():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from phasewatch.probes.transitions import detect_transitions, lead_lag
-from phasewatch.report.series import load_series
+from phasewatch.rundir import load_series
 
 LOG_STEPS = np.unique(np.round(np.geomspace(1, 20000, 300)))
 LINEAR_STEPS = np.arange(10, 20001, 10)

@@ -2,19 +2,19 @@
 
 import json
 
-from phasewatch.trainers.run_store import RunStore, read_jsonl
+from phasewatch.rundir import RunFolder, read_jsonl
 
 
 def test_rollback_keeps_what_preceded_the_checkpoint_and_drops_the_rest(tmp_path):
-    store = RunStore(tmp_path)
+    store = RunFolder(tmp_path)
     store.create()
     for step in (0, 4, 9):
-        store.append_jsonl(store.metrics, {"step": step, "train/loss": 1.0})
-    store.append_jsonl(store.metrics, {"step": 10, "val/loss": 2.0})
+        store.append(store.metrics, {"step": step, "train/loss": 1.0})
+    store.append(store.metrics, {"step": 10, "val/loss": 2.0})
     snapshot = store.snapshot()  # a checkpoint at step 10, saved after validation
-    store.append_jsonl(store.metrics, {"step": 9, "late": 1.0})  # logged after the save, belongs before it
-    store.append_jsonl(store.metrics, {"step": 14, "train/loss": 0.5})  # will be logged again
-    store.append_jsonl(store.metrics, {"step": 20, "val/loss": 1.5})
+    store.append(store.metrics, {"step": 9, "late": 1.0})  # logged after the save, belongs before it
+    store.append(store.metrics, {"step": 14, "train/loss": 0.5})  # will be logged again
+    store.append(store.metrics, {"step": 20, "val/loss": 1.5})
     with open(store.metrics, "a") as f:
         f.write('{"step": 24, "train/lo')  # half-written line of the crash
     store.rollback(snapshot, step=10)
@@ -38,8 +38,8 @@ def test_a_full_disk_is_refused_before_training(tmp_path):
 
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(ConfigError, match="MiB free on the disk"):
-        RunStore(tmp_path / "run").create(min_free_bytes=free * 2)  # asks for more than the disk has
-    RunStore(tmp_path / "ok").create()  # the default margin (64 MiB) is there
+        RunFolder(tmp_path / "run").create(min_free_bytes=free * 2)  # asks for more than the disk has
+    RunFolder(tmp_path / "ok").create()  # the default margin (64 MiB) is there
 
 
 def test_post_hoc_transitions_replace_earlier_events_of_the_same_series(tmp_path):
@@ -52,15 +52,15 @@ def test_post_hoc_transitions_replace_earlier_events_of_the_same_series(tmp_path
 
     from phasewatch.trainers.posthoc import record_transitions
 
-    store = RunStore(tmp_path)
+    store = RunFolder(tmp_path)
     store.create()
     steps = sorted({0} | {int(round(s)) for s in np.geomspace(1, 3000, 30)})
     for s in steps:
         drop = 250 / (1 + math.exp(-8 * (math.log(max(s, 1)) - math.log(1000))))
-        store.append_jsonl(store.metrics, {"step": s, "llc/estimate": 300 - drop, "llc/std": 300 - drop})
-    store.append_jsonl(store.events, {"metric": "val/acc", "direction": "up", "onset": 1200, "midpoint": 1500,
+        store.append(store.metrics, {"step": s, "llc/estimate": 300 - drop, "llc/std": 300 - drop})
+    store.append(store.events, {"metric": "val/acc", "direction": "up", "onset": 1200, "midpoint": 1500,
                                       "end": 1900, "magnitude": 0.9, "detected_at": 2000})
-    store.append_jsonl(store.events, {"metric": "llc/estimate", "direction": "up", "onset": 5, "midpoint": 6,
+    store.append(store.events, {"metric": "llc/estimate", "direction": "up", "onset": 5, "midpoint": 6,
                                       "end": 7, "magnitude": 1.0, "detected_at": 10})  # a stale earlier analysis
     found = record_transitions(store, {"llc/estimate", "llc/std"})
     assert [(e["metric"], e["direction"]) for e in found] == [("llc/estimate", "down")]

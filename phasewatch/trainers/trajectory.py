@@ -2,19 +2,20 @@
 
     phasewatch trajectory RUN_DIR [--kind logits|weights|both]
 
-Post hoc, over the run folder's saved checkpoints (`checkpoints/step=<N>.ckpt`): each
+Post hoc, over the run folder's saved step checkpoints: each
 checkpoint becomes one vector, either (a) its log-probabilities at every answer position
 of a fixed evaluation set (the task's held-out batches, at most `max_rows` sequences;
 log-softmax removes the logits' free shift) or (b) all of its weights flattened. PCA of
 these vectors across checkpoints (centred, by SVD) gives a 2-D path coloured by step;
 the phase transitions detected offline in the run's headline series (`val/loss`,
-`train/loss`, `val/acc`, ...) are marked at their midpoints. Phases of training show as
+`train/loss`, `val/acc`, ..., as the probes declare them: probes/keys.py) are marked at
+their midpoints. Phases of training show as
 segments of the path with different directions (Nanda et al. 2023 and Olsson et al. 2022
 draw such PCA paths of logits and weights over checkpoints).
 
-Writes `RUN_DIR/figures/trajectory.png` and `RUN_DIR/arrays/trajectory/<kind>/pca.npy`
-(rows: checkpoints in step order; columns: step, PC1, PC2); the HTML report shows the
-figure when it exists. Fails with a clear error when the run has fewer than three
+Writes the run folder's `trajectory` figure and, per kind, the coordinates
+(`RunFolder.trajectory_pca`; rows: checkpoints in step order; columns: step, PC1, PC2);
+the HTML report shows the figure when it exists. Fails with a clear error when the run has fewer than three
 checkpoints.
 """
 
@@ -26,20 +27,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from phasewatch.probes.keys import headline_keys
+from phasewatch.rundir import RunFolder
 from phasewatch.tasks.base import ConfigError
+from phasewatch.trainers.posthoc import load_run_module, load_weights
 
 KINDS = ("logits", "weights")
-MARKED = ("val/loss", "train/loss", "val/acc", "train/acc", "grok/restricted_loss", "grok/excluded_loss",
-          "icl/loss_gap", "tracr/agreement")
 
 
 def checkpoint_vectors(run_dir: str | os.PathLike, kind: str, max_rows: int = 512) -> tuple[list[int], np.ndarray]:
     """(steps, one row per checkpoint) for `kind` "logits" or "weights"."""
-    from phasewatch.trainers.posthoc import checkpoint_steps, load_run_module, load_weights
-
     if kind not in KINDS:
         raise ConfigError("kind", f"unknown trajectory kind {kind!r}", f"Use one of {', '.join(KINDS)}.")
-    steps = checkpoint_steps(run_dir)
+    steps = RunFolder(run_dir).checkpoint_steps()
     if len(steps) < 3:
         raise ConfigError("run_dir", f"{run_dir} has {len(steps)} saved checkpoints; a trajectory needs at least 3",
                           "Train with a checkpoint schedule (the default keeps 30 log-spaced ones).")
@@ -80,20 +80,19 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
-    from phasewatch.callbacks.runfiles import METRICS, read_series
     from phasewatch.probes.transitions import detect_all
     from phasewatch.report.curves import save_figure
 
-    run_dir = Path(run_dir)
-    series = read_series(run_dir / METRICS)
-    events = detect_all({k: series[k] for k in MARKED if k in series})
+    folder = RunFolder(run_dir)
+    series = folder.series()
+    events = detect_all({k: series[k] for k in headline_keys() if k in series})
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 5.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        steps, rows = checkpoint_vectors(run_dir, kind)
+        steps, rows = checkpoint_vectors(folder.root, kind)
         coords, ratio = pca_2d(rows)
-        folder = run_dir / "arrays" / "trajectory" / kind
-        folder.mkdir(parents=True, exist_ok=True)
-        np.save(folder / "pca.npy", np.column_stack([steps, coords]))
+        pca = folder.trajectory_pca(kind)
+        pca.parent.mkdir(parents=True, exist_ok=True)
+        np.save(pca, np.column_stack([steps, coords]))
         ax.plot(coords[:, 0], coords[:, 1], color="#bbb", lw=1, zorder=1)
         points = ax.scatter(coords[:, 0], coords[:, 1], c=[max(s, 1) for s in steps], cmap="viridis",
                             norm=LogNorm(), s=28, zorder=2)
@@ -111,8 +110,8 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
         fig.colorbar(points, ax=ax, label="step")
         if events:
             ax.legend(fontsize=7, loc="best")
-    fig.suptitle(f"{run_dir.name}: checkpoint trajectory (PCA)", fontsize=11)
-    return save_figure(fig, out or run_dir / "figures" / "trajectory.png")
+    fig.suptitle(f"{folder.root.name}: checkpoint trajectory (PCA)", fontsize=11)
+    return save_figure(fig, out or folder.figure("trajectory"))
 
 
 def trajectory_command(argv: list[str]) -> int:
@@ -120,10 +119,10 @@ def trajectory_command(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="phasewatch trajectory",
                                      description="PCA paths of a run's checkpoints (logits and weights), with its "
-                                                 "detected transitions marked: RUN_DIR/figures/trajectory.png.")
+                                                 "detected transitions marked (the run folder's trajectory figure).")
     parser.add_argument("run_dir")
     parser.add_argument("--kind", choices=[*KINDS, "both"], default="both")
-    parser.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/figures/trajectory.png)")
+    parser.add_argument("--out", default=None, help="PNG path (default: the figure in the run folder)")
     args = parser.parse_args(argv)
     kinds = KINDS if args.kind == "both" else (args.kind,)
     print(plot_trajectory(args.run_dir, kinds, args.out))

@@ -1,0 +1,26 @@
+"""The one place that knows TransformerLens internals: the model factory, the plain PyTorch
+module inside a bridge, its state-dict keys, and the importers of other code's models.
+
+- `factory`: `ModelConfig`, `build_model`, `fresh_like`, `native_module`.
+- `components`: named components (`L1H2`, `L0.attn`, ...), their parameters and hooks.
+- `paper_checkpoint`: checkpoints of the progress-measures paper's code (Nanda et al. 2023).
+- `tracr_convert`: tracr's compiled transformers, converted by TransformerLens, and
+  their saved form.
+
+Everything else (probes, callbacks, trainers) reaches TransformerLens only through the
+public bridge (`model.cfg`, hooks, weight views such as `W_E`) and these functions.
+"""
+
+from phasewatch.models.components import component_parameters, parse_component, register_component_hook
+from phasewatch.models.factory import (ACTIVATIONS, ATTENTION, GENERIC_DEFAULTS, NORMALIZATIONS, ModelConfig,
+                                       build_model, fresh_like, native_module)
+from phasewatch.models.paper_checkpoint import load_progress_measures_checkpoint, undo_last_adamw_step
+from phasewatch.models.tracr_convert import (SAVED_CONFIG_FIELDS, bridge_from_saved, bridge_from_tracr,
+                                             layer_output_weights, saved_config)
+
+__all__ = [
+    "ACTIVATIONS", "ATTENTION", "GENERIC_DEFAULTS", "NORMALIZATIONS", "SAVED_CONFIG_FIELDS", "ModelConfig",
+    "bridge_from_saved", "bridge_from_tracr", "build_model", "component_parameters", "fresh_like",
+    "layer_output_weights", "load_progress_measures_checkpoint", "native_module", "parse_component",
+    "register_component_hook", "saved_config", "undo_last_adamw_step",
+]

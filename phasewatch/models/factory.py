@@ -1,0 +1,140 @@
+"""The model factory: `ModelConfig`, `build_model`, a fresh copy of a model's
+architecture (`fresh_like`), and the plain PyTorch module inside a bridge (`native_module`).
+
+Models are TransformerLens 4 bridges built with `TransformerBridge.boot_native` from a
+`ModelConfig`, with the usual hooks (`blocks.L.attn.hook_pattern`, ...) and weight views
+(`W_E`, `W_Q`, `W_U`, ...). Unset fields (None) take the task's default
+(`Task.default_model()`), then the generic defaults below.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+
+from phasewatch.tasks.base import ConfigError, Task, require, require_int
+
+ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "solu")
+NORMALIZATIONS = ("none", "LN", "LNPre", "RMS", "RMSPre")
+ATTENTION = ("causal", "bidirectional")
+
+GENERIC_DEFAULTS: dict[str, Any] = dict(
+    n_layers=2, d_model=128, n_heads=4, d_head=None, d_mlp=None, attn_only=False, act_fn="relu",
+    normalization="none", attention="causal", n_ctx=None, attn_bias=True, seed=None,
+)
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Architecture of the trained transformer. None means "the task's default".
+
+    Attributes:
+        n_layers, d_model, n_heads: depth and width.
+        d_head: per-head width (default d_model // n_heads).
+        d_mlp: MLP width (default 4 * d_model); ignored when attn_only.
+        attn_only: no MLP layers.
+        act_fn: one of relu, gelu, gelu_new, silu, solu.
+        normalization: none, LN, LNPre, RMS or RMSPre.
+        attention: causal or bidirectional.
+        n_ctx: context length (default: the task's longest input).
+        attn_bias: learn biases in the attention (False keeps them at zero, as in
+            Nanda et al. 2023, whose model has biases only in the MLP).
+        seed: weight-initialisation seed (default: drawn from the global seed).
+    """
+
+    n_layers: int | None = None
+    d_model: int | None = None
+    n_heads: int | None = None
+    d_head: int | None = None
+    d_mlp: int | None = None
+    attn_only: bool | None = None
+    act_fn: str | None = None
+    normalization: str | None = None
+    attention: str | None = None
+    n_ctx: int | None = None
+    attn_bias: bool | None = None
+    seed: int | None = None
+
+    def resolve(self, task: Task) -> "ModelConfig":
+        """A copy with every unset field filled from the task and the generic defaults,
+        checked against the task. Raises ConfigError naming the field and the fix."""
+        values = {**GENERIC_DEFAULTS, **task.default_model()}
+        values.update({k: v for k, v in dataclasses.asdict(self).items() if v is not None})
+        for field in ("n_layers", "d_model", "n_heads"):
+            require_int(values[field], f"model.arch.{field}", 1)
+        if values["d_head"] is None:
+            require(values["d_model"] % values["n_heads"] == 0, "model.arch.n_heads",
+                    f"d_model {values['d_model']} is not divisible by n_heads {values['n_heads']}",
+                    "Set d_head explicitly or choose n_heads dividing d_model.")
+            values["d_head"] = values["d_model"] // values["n_heads"]
+        require_int(values["d_head"], "model.arch.d_head", 1)
+        if values["d_mlp"] is None:
+            values["d_mlp"] = 4 * values["d_model"]
+        require_int(values["d_mlp"], "model.arch.d_mlp", 1)
+        require(values["act_fn"] in ACTIVATIONS, "model.arch.act_fn", f"unknown activation {values['act_fn']!r}",
+                f"Use one of {', '.join(ACTIVATIONS)}.")
+        require(values["normalization"] in NORMALIZATIONS, "model.arch.normalization",
+                f"unknown normalization {values['normalization']!r}", f"Use one of {', '.join(NORMALIZATIONS)}.")
+        require(values["attention"] in ATTENTION, "model.arch.attention",
+                f"unknown attention direction {values['attention']!r}", f"Use one of {', '.join(ATTENTION)}.")
+        if values["attention"] == "causal" and not task.causal:
+            raise ConfigError(
+                "model.arch.attention",
+                f"the task ({task.name}) reads later positions, which causal attention cannot see",
+                "Use attention: bidirectional (the default for this task).",
+            )
+        if values["n_ctx"] is None:
+            values["n_ctx"] = task.n_ctx
+        require_int(values["n_ctx"], "model.arch.n_ctx", 1)
+        require(values["n_ctx"] >= task.n_ctx, "model.arch.n_ctx",
+                f"context {values['n_ctx']} is shorter than the task's inputs ({task.n_ctx} tokens)",
+                f"Set n_ctx >= {task.n_ctx} or leave it unset.")
+        if values["seed"] is not None:
+            require_int(values["seed"], "model.arch.seed", 0, "Use a seed >= 0, or leave it unset.")
+        for flag in ("attn_only", "attn_bias"):
+            require(isinstance(values[flag], bool), f"model.arch.{flag}", f"must be true or false, got {values[flag]!r}",
+                    f"Set {flag}: true or false.")
+        return ModelConfig(**values)
+
+
+def build_model(cfg: ModelConfig, task: Task) -> torch.nn.Module:
+    """A freshly initialised TransformerBridge for `task` (cfg is resolved first)."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+    import transformer_lens.model_bridge.sources.native  # noqa: F401  (attaches boot_native)
+
+    c = cfg.resolve(task)
+    bridge_cfg = TransformerBridgeConfig(
+        d_model=c.d_model, d_head=c.d_head, n_layers=c.n_layers, n_ctx=c.n_ctx, n_heads=c.n_heads,
+        d_vocab=task.d_vocab, d_vocab_out=task.d_vocab_out, d_mlp=c.d_mlp, act_fn=c.act_fn,
+        normalization_type=None if c.normalization == "none" else c.normalization, attn_only=c.attn_only,
+        attention_dir=c.attention, seed=c.seed, tokenizer_prepends_bos=False,
+    )
+    model = TransformerBridge.boot_native(bridge_cfg)
+    if not c.attn_bias:
+        for block in model.original_model.layers:
+            for proj in (block.attn.q, block.attn.k, block.attn.v, block.attn.o):
+                torch.nn.init.zeros_(proj.bias)
+                proj.bias.requires_grad_(False)
+    return model
+
+
+def fresh_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """A newly initialised bridge of `model`'s architecture (a copy of its config with
+    weight seed `seed`), built without touching the global RNG."""
+    from transformer_lens.model_bridge import TransformerBridge
+    import transformer_lens.model_bridge.sources.native  # noqa: F401  (attaches boot_native)
+
+    cfg = copy.copy(model.cfg)
+    cfg.seed = seed
+    with torch.random.fork_rng():
+        return TransformerBridge.boot_native(cfg)
+
+
+def native_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain PyTorch module inside a bridge (no hooks): use it where hooks are not
+    needed and speed matters (the training step). Any other module is returned as it is."""
+    return getattr(model, "original_model", model)

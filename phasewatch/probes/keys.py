@@ -1,0 +1,117 @@
+"""What metric keys mean, declared once: by each probe at registration, and here for the
+training loop's own keys.
+
+A `KeyFamilies` declaration says which of a probe's keys are per-head or per-frequency
+detail (left out of live detection, of the report's default panels and of `compare`),
+which of its array outputs are sets to follow over training (printed when they change),
+how the report draws its keys (`Panel`s; panels with the same title are drawn as one),
+which keys have no panel of their own family, and which are headline keys (the columns of
+`phasewatch compare` and the transitions marked on `phasewatch trajectory`). The live
+detector, the report, `compare` and `trajectory` read these declarations; a new probe
+declares its keys in its own file and needs nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Union
+
+#: a panel's keys: a prefix (str), exact keys (tuple), or a regular expression (full match)
+KeySpec = Union[str, tuple, re.Pattern]
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """One panel of the report and of `phasewatch plot`: a title, its keys and its y scale."""
+
+    title: str
+    keys: KeySpec
+    log_y: bool = False
+
+    def matches(self, key: str) -> bool:
+        if isinstance(self.keys, str):
+            return key.startswith(self.keys)
+        if isinstance(self.keys, re.Pattern):
+            return bool(self.keys.fullmatch(key))
+        return key in self.keys
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyFamilies:
+    """The meaning of one probe's keys (module docstring).
+
+    Attributes:
+        detail: regular expression (searched) of detail keys, e.g. r"^heads/[^/]+/L\\d+H\\d+$".
+        tracked: regular expression (full match) of array outputs that are sets of labels
+            to follow over training, e.g. r"\\w+_heads".
+        panels: how the report draws the keys.
+        hidden: key prefixes (or exact keys) that get no panel of their own family when no
+            panel takes them.
+        headline: keys worth a column in `compare` and a mark on `trajectory`.
+    """
+
+    detail: str | None = None
+    tracked: str | None = None
+    panels: tuple[Panel, ...] = ()
+    hidden: tuple[str, ...] = ()
+    headline: tuple[str, ...] = ()
+
+
+#: keys the training loop logs (trainers/module.py): losses, accuracies, the learning rate
+TRAINING = KeyFamilies(
+    detail=r"^lr$",
+    panels=(Panel("loss", ("train/loss", "val/loss"), log_y=True), Panel("accuracy", ("train/acc", "val/acc"))),
+    hidden=("lr", "val/seq_acc"),
+    headline=("val/acc", "val/loss", "train/acc", "train/loss"),
+)
+
+_FAMILIES: dict[str, KeyFamilies] = {"training": TRAINING}
+
+
+def declare_keys(owner: str, families: KeyFamilies) -> None:
+    """Record what `owner`'s keys mean (register_probe calls it); a name is declared once."""
+    if owner in _FAMILIES:
+        raise ValueError(f"the keys of {owner!r} are already declared")
+    _FAMILIES[owner] = families
+
+
+def families() -> list[KeyFamilies]:
+    """Every declaration: the training loop's first, then the probes' in registration order."""
+    return list(_FAMILIES.values())
+
+
+def is_detail(key: str) -> bool:
+    """A per-head, per-frequency or diagnostic key: not watched live, not in default panels."""
+    return any(f.detail and re.search(f.detail, key) for f in _FAMILIES.values())
+
+
+def is_tracked(output: str) -> bool:
+    """A probe output that is a set of labels followed over training (key frequencies, heads)."""
+    return any(f.tracked and re.fullmatch(f.tracked, output) for f in _FAMILIES.values())
+
+
+def panels() -> list[Panel]:
+    """Every declared panel, those with the same title merged into one (exact keys joined
+    in order), in declaration order."""
+    merged: dict[str, Panel] = {}
+    for family in _FAMILIES.values():
+        for panel in family.panels:
+            before = merged.get(panel.title)
+            if before is None:
+                merged[panel.title] = panel
+            elif isinstance(before.keys, tuple) and isinstance(panel.keys, tuple):
+                merged[panel.title] = dataclasses.replace(before, keys=before.keys + panel.keys)
+            else:
+                raise ValueError(f"panel {panel.title!r} is declared twice with keys that cannot be joined")
+    return list(merged.values())
+
+
+def hidden(key: str) -> bool:
+    """A key that gets no panel of its own family (when no declared panel takes it)."""
+    return any(key == h or (h.endswith("/") and key.startswith(h)) for f in _FAMILIES.values() for h in f.hidden)
+
+
+def headline_keys() -> list[str]:
+    """The headline keys, in declaration order."""
+    return list(dict.fromkeys(k for f in _FAMILIES.values() for k in f.headline))

@@ -1,0 +1,342 @@
+"""The run folder's layout: the one place where its file names are spelled.
+
+```
+runs/<name>/
+  config.yaml          the fully resolved configuration (re-runnable)
+  metrics.jsonl        {"step": int, "<key>": number, ...} per line, flushed as logged
+  events.jsonl         phase-transition events, one per line
+  interventions.jsonl  the interventions the run was trained with
+  analyses.jsonl       one line per `phasewatch analyze` of the run
+  checkpoints/         step=<N>.ckpt on the schedule (N zero-padded to 7 digits), plus last.ckpt
+  arrays/<probe>/<key>/step=<N>.npy    array-valued measurements, keyed by step
+  arrays/trajectory/<kind>/pca.npy     the checkpoint trajectory (phasewatch trajectory)
+  figures/<name>.png   figures (curves, tracr, trajectory)
+  report.html          the self-contained report
+  wandb/, wandb_id, wandb_group        the W&B run files, its id and group
+  .lock                the pid of the process writing the folder
+```
+
+A sweep folder (`SweepFolder`) holds run folders, `sweep.json` (the sweep's state) and
+`logs/<run>.log`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+from phasewatch.errors import ConfigError
+from phasewatch.rundir.jsonl import append_jsonl, read_jsonl, rewrite_jsonl, write_atomic
+from phasewatch.rundir.series import Series, read_csv_series, read_series
+
+#: the default parent of run folders
+RUNS = Path("runs")
+LAST_CHECKPOINT = "last.ckpt"
+_CHECKPOINT = re.compile(r"step=(\d+)\.ckpt")
+_ARRAY = re.compile(r"step=(\d+)\.npy")
+
+
+def checkpoint_name(step: int) -> str:
+    """The file name of the checkpoint after `step` optimizer steps."""
+    return f"step={step:07d}.ckpt"
+
+
+def step_checkpoints(directory: str | os.PathLike) -> dict[int, Path]:
+    """step -> file of the step checkpoints in `directory`, in step order."""
+    found = {}
+    for path in Path(directory).glob("step=*.ckpt"):
+        match = _CHECKPOINT.fullmatch(path.name)
+        if match:
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def _array_name(step: int) -> str:
+    return f"step={step:07d}.npy"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (the owner of a run or sweep folder's lock)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def default_run_dir(task_name: str) -> Path:
+    """runs/<task>-<date>-<time> (with -2, -3, ... when taken), or runs/sweep-<sweep id>/<run id>
+    under `wandb agent`."""
+    if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
+        return RUNS / f"sweep-{os.environ['WANDB_SWEEP_ID']}" / os.environ["WANDB_RUN_ID"]
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = RUNS / f"{task_name}-{stamp}"
+    k = 1
+    while path.exists():
+        k += 1
+        path = RUNS / f"{task_name}-{stamp}-{k}"
+    return path
+
+
+class RunFolder:
+    """Paths, writers and readers of one run folder."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.root)!r})"
+
+    config = property(lambda self: self.root / "config.yaml")
+    metrics = property(lambda self: self.root / "metrics.jsonl")
+    events = property(lambda self: self.root / "events.jsonl")
+    interventions = property(lambda self: self.root / "interventions.jsonl")
+    analyses = property(lambda self: self.root / "analyses.jsonl")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    last_checkpoint = property(lambda self: self.root / "checkpoints" / LAST_CHECKPOINT)
+    arrays = property(lambda self: self.root / "arrays")
+    figures = property(lambda self: self.root / "figures")
+    report = property(lambda self: self.root / "report.html")
+    wandb_dir = property(lambda self: self.root / "wandb")
+    lock = property(lambda self: self.root / ".lock")
+    _wandb_id = property(lambda self: self.root / "wandb_id")
+    _wandb_group = property(lambda self: self.root / "wandb_group")
+
+    # --- the folder ----------------------------------------------------------------
+
+    def has_run(self) -> bool:
+        """Whether something already lives here (a config or metrics of an earlier run)."""
+        return self.config.exists() or self.metrics.exists()
+
+    def require_metrics(self) -> None:
+        """FileNotFoundError naming the folder when it has no metrics (not a run folder)."""
+        if not self.metrics.exists():
+            raise FileNotFoundError(f"{self.metrics} not found: is {self.root} a phasewatch run folder?")
+
+    def require_config(self) -> None:
+        """ConfigError when the folder has no config (nothing to rebuild the run from)."""
+        if not self.config.exists():
+            raise ConfigError("run_dir", f"{self.config} does not exist", "Give a run folder written by phasewatch fit.")
+
+    def create(self, min_free_bytes: int = 64 * 2**20) -> None:
+        """Make the folders, or raise ConfigError at once when the place is not writable or
+        the disk is (nearly) full: better now than after an hour of training."""
+        try:
+            for d in (self.root, self.checkpoints, self.arrays):
+                d.mkdir(parents=True, exist_ok=True)
+            probe = self.root / ".write-test"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as err:
+            raise ConfigError("run_dir", f"cannot write to {self.root} ({err.strerror or err})",
+                                "Choose a writable --run_dir.") from err
+        free = shutil.disk_usage(self.root).free
+        if free < min_free_bytes:
+            raise ConfigError("run_dir", f"only {free // 2**20} MiB free on the disk of {self.root}",
+                                "Free some space or choose a --run_dir on another disk.")
+
+    def acquire_lock(self) -> None:
+        """Claim the folder for this process; ConfigError when another live process holds
+        it (a lock left by a dead process is taken over). Released at exit."""
+        if self.lock.exists():
+            try:
+                pid = int(self.lock.read_text().strip() or 0)
+            except (ValueError, OSError):
+                pid = 0
+            if pid and pid != os.getpid() and pid_alive(pid):
+                raise ConfigError("run_dir", f"another phasewatch process (pid {pid}) is writing {self.root}",
+                                    "Wait for it to end or stop it, then resume with --ckpt_path last.")
+        self.lock.write_text(f"{os.getpid()}\n")
+        atexit.register(self.release_lock)
+
+    def release_lock(self) -> None:
+        try:
+            if self.lock.exists() and self.lock.read_text().strip() == str(os.getpid()):
+                self.lock.unlink()
+        except OSError:
+            pass
+
+    # --- records -------------------------------------------------------------------
+
+    append = staticmethod(append_jsonl)
+    rewrite = staticmethod(rewrite_jsonl)
+    write_atomic = staticmethod(write_atomic)
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        return list(read_jsonl(self.metrics))
+
+    def read_events(self) -> list[dict[str, Any]]:
+        return list(read_jsonl(self.events))
+
+    def read_interventions(self) -> list[dict[str, Any]]:
+        return list(read_jsonl(self.interventions))
+
+    def series(self) -> Series:
+        """Every numeric key of the metrics as (steps, values)."""
+        return read_series(self.metrics)
+
+    def write_interventions(self, records: list[dict[str, Any]]) -> None:
+        rewrite_jsonl(self.interventions, records)
+
+    def add_analysis(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.analyses, record)
+
+    def read_config(self) -> dict[str, Any]:
+        """config.yaml as a plain dict ({} when empty)."""
+        import yaml
+
+        self.require_config()
+        return yaml.safe_load(self.config.read_text()) or {}
+
+    def snapshot(self) -> dict[str, int]:
+        """Sizes of the append-only files now: what a checkpoint records, so that a resume
+        can cut away whatever was appended after it (and will be logged again)."""
+        return {p.name: p.stat().st_size for p in (self.metrics, self.events) if p.exists()}
+
+    def rollback(self, snapshot: dict[str, int], step: int) -> None:
+        """Undo what was appended after a checkpoint at `step` was taken: keep each file's
+        first `snapshot` bytes, and of the lines after them only those with a step below
+        `step` (the training step that finished just before the checkpoint logs its
+        values right after the save). A file absent from the snapshot is emptied."""
+        for path in (self.metrics, self.events):
+            size = snapshot.get(path.name, 0)
+            if not path.exists() or path.stat().st_size <= size:
+                continue
+            with open(path, "rb") as f:
+                head, tail = f.read(size), f.read()
+            kept = [ln for ln in tail.decode().splitlines(keepends=True) if _before(ln, step)]
+            write_atomic(path, head + "".join(kept).encode())
+
+    # --- checkpoints ---------------------------------------------------------------
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / checkpoint_name(step)
+
+    def checkpoint_steps(self) -> dict[int, Path]:
+        """step -> checkpoint file, for the run's step checkpoints, in step order."""
+        return step_checkpoints(self.checkpoints)
+
+    def resolve_checkpoint(self, name: str) -> Path:
+        """`last` -> last.ckpt; anything else is a path as given."""
+        return self.last_checkpoint if name == "last" else Path(name)
+
+    # --- arrays --------------------------------------------------------------------
+
+    def array_folder(self, probe: str, key: str) -> Path:
+        return self.arrays / probe / key
+
+    def save_array(self, probe: str, key: str, step: int, array) -> Path:
+        """Save a probe's array value at `step` (numpy's .npy)."""
+        import numpy as np
+
+        folder = self.array_folder(probe, key)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / _array_name(step)
+        np.save(path, array)
+        return path
+
+    def array_files(self, probe: str, key: str) -> list[tuple[int, Path]]:
+        """(step, file) of a probe's array key, in step order."""
+        found = []
+        for path in self.array_folder(probe, key).glob("step=*.npy"):
+            match = _ARRAY.fullmatch(path.name)
+            if match:
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def array_keys(self) -> Iterator[tuple[str, str]]:
+        """(probe, key) of every array folder, sorted."""
+        if self.arrays.is_dir():
+            for folder in sorted(p for p in self.arrays.glob("*/*") if p.is_dir()):
+                yield folder.parent.name, folder.name
+
+    def trajectory_pca(self, kind: str) -> Path:
+        """The checkpoint trajectory's coordinates of `kind` (rows: step, PC1, PC2)."""
+        return self.arrays / "trajectory" / kind / "pca.npy"
+
+    def drop_arrays(self, probe: str, key: str) -> None:
+        shutil.rmtree(self.array_folder(probe, key), ignore_errors=True)
+
+    # --- figures and W&B -----------------------------------------------------------
+
+    def figure(self, name: str) -> Path:
+        """figures/<name>.png"""
+        return self.figures / f"{name}.png"
+
+    def wandb_id(self) -> str | None:
+        """The id of the run's W&B run, once it has one."""
+        return self._wandb_id.read_text().strip() if self._wandb_id.exists() else None
+
+    def set_wandb_id(self, run_id: str) -> None:
+        self._wandb_id.write_text(run_id + "\n")
+
+    def wandb_group(self) -> str | None:
+        """The W&B group the run was trained in (e.g. its sweep's), if any."""
+        return (self._wandb_group.read_text().strip() or None) if self._wandb_group.exists() else None
+
+    def set_wandb_group(self, group: str) -> None:
+        self._wandb_group.write_text(group + "\n")
+
+
+def _before(line: str, step: int) -> bool:
+    """A complete JSON line whose "step" is below `step`."""
+    if not line.endswith("\n"):
+        return False
+    try:
+        return int(json.loads(line)["step"]) < step
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def load_series(path: str | os.PathLike) -> Series:
+    """The series of a run folder, a metrics JSON-lines file or a CSV file; FileNotFoundError
+    naming what to give when there is nothing to read."""
+    path = Path(path)
+    if path.is_dir():
+        path = RunFolder(path).metrics
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: give a run folder, a metrics file (.jsonl) or a CSV file")
+    return read_csv_series(path) if path.suffix == ".csv" else read_series(path)
+
+
+
+class SweepFolder:
+    """A sweep's folder: its state, the logs of its runs, and their run folders."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    state = property(lambda self: self.root / "sweep.json")
+    logs = property(lambda self: self.root / "logs")
+
+    def log(self, run_name: str) -> Path:
+        return self.logs / f"{run_name}.log"
+
+    def run(self, run_name: str) -> RunFolder:
+        return RunFolder(self.root / run_name)
+
+    def is_sweep(self) -> bool:
+        return self.state.exists()
+
+    def read_state(self) -> dict[str, Any]:
+        return json.loads(self.state.read_text())
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.state, json.dumps(state, indent=1, default=str) + "\n")
+
+
+def run_folders(path: str | os.PathLike) -> list[RunFolder]:
+    """The run folders directly inside `path` (those with metrics), sorted by name."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    return [RunFolder(p) for p in sorted(path.iterdir()) if p.is_dir() and RunFolder(p).metrics.exists()]
