@@ -6,7 +6,7 @@ weight views `W_E`, `W_U`, `W_out` where weights are read) and a ModularAddition
 numbers out. The modulus p must be an odd prime (the Fourier story needs it); other p
 raise ConfigError.
 
-Definitions (REFERENCE.md):
+Definitions (docs/reference.md):
 - Fourier basis: orthonormal p x p; row 0 constant / sqrt(p); rows 2k-1, 2k the
   normalised cos and sin of frequency k = 1..(p-1)/2.
 - Key frequencies: the frequencies carrying more than `KEY_FACTOR` times the uniform

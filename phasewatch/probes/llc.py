@@ -1,5 +1,5 @@
 """Local learning coefficient (LLC) by SGLD (Lau et al. 2023; Hoogland et al. 2024, "Loss
-Landscape Degeneracy Drives Stagewise Development in Transformers"), REFERENCE.md:
+Landscape Degeneracy Drives Stagewise Development in Transformers"), docs/reference.md:
 
     w <- w - (eps/2) (n beta grad L_n(w) + gamma (w - w*)) + N(0, eps)
     LLC = n beta (E[L_n(w)] - L_n(w*)),   beta = 1 / log n

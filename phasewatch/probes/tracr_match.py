@@ -1,5 +1,5 @@
 """Learned vs compiled: how close is the model being trained to tracr's compiled model
-of the same RASP program? (Definitions: REFERENCE.md, "tracr: compiled references".)
+of the same RASP program? (Definitions: docs/reference.md, "tracr: compiled references".)
 
 Both models read the same tokens (a RASP task encodes inputs with the compiled model's
 own ids), one batch per input length (tracr does not mask padding), at most
@@ -19,7 +19,7 @@ own ids), one batch per input length (tracr does not mask padding), at most
   least-squares classifier (ridge, one-hot targets, bias) trained on half of the
   inputs of every length and tested on the other half. The same probe on a freshly
   initialised model of the same architecture is the baseline: length and position are
-  linearly decodable at initialisation (REFERENCE.md), so only the excess over the
+  linearly decodable at initialisation (docs/reference.md), so only the excess over the
   baseline means the model computes a variable.
 - Representational similarity: linear CKA (Kornblith et al. 2019)
   ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) between every learned and every compiled

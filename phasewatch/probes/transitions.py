@@ -1,6 +1,6 @@
 """Phase-transition detection in any logged series (pure functions of steps and values).
 
-Method, in log-step time (as REFERENCE.md recommends; transitions in small models are
+Method, in log-step time (as docs/reference.md recommends; transitions in small models are
 spread over orders of magnitude of steps):
 
 1. t = log10(step) for steps >= 1. Values stay linear by default, so a loss's transition
@@ -11,7 +11,7 @@ spread over orders of magnitude of steps):
    first difference).
 3. Optimal partitioning into straight-line segments with a penalty per segment (dynamic
    programming; the penalty scales with the noise and log n), which found the 10-90%
-   rise of synthetic grokking curves within a few checkpoints in REFERENCE.md's test.
+   rise of synthetic grokking curves within a few checkpoints in docs/reference.md's test.
 4. A transition grows from the steepest segment over neighbours that move the same way
    and are comparably steep (at least 1/`steepness` of its slope); it counts when its
    total change is large against both the noise and the series' own range and it takes

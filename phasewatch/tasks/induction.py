@@ -3,7 +3,7 @@
 Each sequence is BOS, a random segment of random length L in [min_len, max_len], the
 same segment again, then random filler up to `seq_len` tokens. The repeat offset L varies
 per sequence: with a fixed offset a model learns a positional shortcut instead of
-induction (see REFERENCE.md). Next-token loss on every position.
+induction (see docs/reference.md). Next-token loss on every position.
 
 `extras` masks (both of shape batch x pos, over input positions):
 - `first_copy`: positions predicting tokens 2..L of the first copy (not predictable);
@@ -92,6 +92,6 @@ class Induction(Task):
         return [self._val]
 
     def default_model(self) -> dict[str, Any]:
-        # REFERENCE.md's CPU-sized reference: 2 layers, attention only, no LayerNorm,
+        # docs/reference.md's CPU-sized reference: 2 layers, attention only, no LayerNorm,
         # d_model 64, 4 heads of 16.
         return dict(n_layers=2, d_model=64, n_heads=4, d_head=16, attn_only=True, normalization="none")

@@ -224,7 +224,7 @@ def _enumerate_outputs(program: Program) -> set:
 def compile_program(program: Program):
     """tracr's compiled transformer for `program` (imports JAX; 15-30 s of XLA time for a
     new shape). Non-causal programs compile non-causally: tracr accepts causal=True for
-    them without complaint and gives wrong outputs (REFERENCE.md)."""
+    them without complaint and gives wrong outputs (docs/reference.md)."""
     from tracr.compiler import compiling
 
     try:

@@ -34,7 +34,7 @@ def test_imported_weights_reproduce_the_stored_losses(reference_dir):
 def test_progress_measures_of_the_final_weights(reference_dir):
     model, task = load_progress_measures_checkpoint(reference_dir / CKPT)
     out = progress_measures(model, task)
-    # REFERENCE.md's independent cross-check: key frequencies {6, 23, 37, 39, 41},
+    # docs/reference.md's independent cross-check: key frequencies {6, 23, 37, 39, 41},
     # restricted loss ~2.2e-9, excluded loss (train) ~8.39, sum of squared weights ~1181
     assert sorted(out["key_freqs"]) == [6, 23, 37, 39, 41]
     assert out["grok/restricted_loss"] < 1e-8

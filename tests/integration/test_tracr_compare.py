@@ -42,7 +42,7 @@ def test_a_random_model_agrees_at_chance_and_length_is_decodable_at_initialisati
         out = tracr_probe(model, task, cache_dir=str(cache))
     assert abs(out["tracr/agreement"] - 1 / 3) < 0.1  # 3 output values
     assert out["tracr/attn_match/L3H0"] < 0.5
-    # REFERENCE.md: length is linearly decodable from a randomly initialised model;
+    # docs/reference.md: length is linearly decodable from a randomly initialised model;
     # the baseline (a fresh initialisation) says so too
     assert out["tracr/probe_baseline/length/resid_post1"] > 0.9
     assert out["tracr/probe/length/resid_post1"] > 0.9

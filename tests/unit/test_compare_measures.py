@@ -14,7 +14,7 @@ def test_pattern_overlap_is_one_for_equal_patterns_and_the_target_mass_for_one_h
     target[torch.arange(5), torch.tensor([5, 4, 3, 2, 1])] = 1.0  # a reversal lookup
     expected = a[:, torch.arange(5), torch.tensor([5, 4, 3, 2, 1])].mean(-1)
     assert torch.allclose(pattern_overlap(a, target), expected)
-    assert torch.allclose(pattern_overlap(a, target), (a * target).sum(-1).mean(-1))  # REFERENCE's sum_k A S
+    assert torch.allclose(pattern_overlap(a, target), (a * target).sum(-1).mean(-1))  # docs/reference.md: sum_k A S
     uniform = torch.full((5, 6), 1 / 6)
     assert float(pattern_overlap(target, uniform)) == pytest.approx(1 / 6)
 

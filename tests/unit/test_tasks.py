@@ -22,7 +22,7 @@ def test_registry_lists_every_task_and_refuses_duplicates():
 def test_modular_split_follows_the_papers_procedure():
     task = make_task("modular_addition", p=113, frac_train=0.3, seed=1)
     train, test = task.train_set(), task.val_batches()[0]
-    assert (len(train), len(test)) == (3830, 12769 - 3830)  # REFERENCE.md: 3,830 training pairs
+    assert (len(train), len(test)) == (3830, 12769 - 3830)  # docs/reference.md: 3,830 training pairs
     pairs = [(a, b) for a in range(113) for b in range(113)]
     random.seed(1)
     random.shuffle(pairs)
