@@ -14,6 +14,12 @@ Two ways in, for probes and tasks alike:
 
 A plug-in that fails to import is left out with one warning naming it; a dotted name that
 cannot be imported is refused with one line naming the module.
+
+A run folder is data, possibly someone else's: the commands that rebuild a run from its
+config.yaml (`analyze`, `trajectory`) import only classes of phasewatch, of installed
+plug-ins (the modules of the entry points above) and of modules the user names on the
+command line (`--allow MODULE`, or a probe's dotted name); `check_trusted` refuses any
+other class path in the config before anything is imported.
 """
 
 from __future__ import annotations
@@ -49,3 +55,44 @@ def import_module(name: str, what: str) -> ModuleType:
     except ImportError as err:
         raise ConfigError(what, f"cannot import {name!r} ({err})",
                           "Install the package that holds it, or put its folder on PYTHONPATH.") from err
+
+
+def installed_modules() -> set[str]:
+    """The modules of the installed plug-ins (entry points of phasewatch's groups)."""
+    from importlib.metadata import entry_points
+
+    return {ep.module for group in ("phasewatch.probes", "phasewatch.tasks") for ep in entry_points(group=group)}
+
+
+def _within(module: str, roots: set[str]) -> bool:
+    return any(module == r or module.startswith(r + ".") for r in roots)
+
+
+def is_trusted(module: str, allowed: tuple[str, ...] = ()) -> bool:
+    """Whether `module` is phasewatch's, an installed plug-in's, or one of `allowed`."""
+    return _within(module, {"phasewatch", *installed_modules(), *allowed})
+
+
+def check_trusted(config: object, source: str, allowed: tuple[str, ...] = ()) -> None:
+    """ConfigError when `config` (a parsed YAML tree) names a class (`class_path`) or a
+    dotted probe (`module:name`) outside phasewatch, the installed plug-ins and `allowed`:
+    importing it would run its code."""
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "class_path" and isinstance(value, str):
+                    check(value.rpartition(".")[0] or value, value, where)
+                walk(value, f"{where}.{key}" if where else str(key))
+        elif isinstance(node, list):
+            for item in node:
+                if isinstance(item, str) and ":" in item and where.endswith("names"):
+                    check(item.partition(":")[0], item, where)
+                walk(item, where)
+
+    def check(module: str, named: str, where: str) -> None:
+        if not is_trusted(module, allowed):
+            raise ConfigError(where or "config", f"{source} names {named!r}, which is neither phasewatch's nor an "
+                                                 "installed plug-in's; importing it would run its code",
+                              f"If you trust it, pass --allow {module.split('.')[0]}")
+
+    walk(config, "")

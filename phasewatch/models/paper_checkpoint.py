@@ -47,7 +47,12 @@ def load_progress_measures_checkpoint(path: str, map_location: str = "cpu", befo
     """
     from phasewatch.tasks.modular_addition import ModularAddition
 
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    try:  # tensors and plain data only: a crafted pickle is refused before it can run anything
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any failure to read it means the same to the user
+        what = ("holds objects other than tensors and plain data, which phasewatch does not load"
+                if "weights only" in str(err).lower() else f"cannot be read by torch.load ({type(err).__name__}: {err})")
+        raise ValueError(f"{path} {what}; expected a checkpoint saved by the progress-measures paper's code") from None
     try:
         cfg, sd = ckpt["config"], ckpt["model"]
         if before_last_step:
@@ -55,7 +60,7 @@ def load_progress_measures_checkpoint(path: str, map_location: str = "cpu", befo
         p, frac, seed = int(cfg["p"]), float(cfg["frac_train"]), int(cfg["seed"])
         n_heads, d_head, d_model = sd["blocks.0.attn.W_Q"].shape
         d_mlp = sd["blocks.0.mlp.W_in"].shape[0]
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise ValueError(f"{path} is not a progress-measures checkpoint (missing {err}); "
                          "expected a dict with 'model' and 'config' as saved by the paper's code") from err
     if cfg.get("fn_name", "add") != "add":

@@ -57,6 +57,39 @@ def step_checkpoints(directory: str | os.PathLike) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def read_checkpoint(path: str | os.PathLike, field: str = "ckpt_path") -> dict[str, Any]:
+    """A checkpoint's contents, loaded without running any code: `torch.load(weights_only=True)`
+    takes tensors and plain Python data only, which is all a phasewatch checkpoint holds, and
+    refuses a pickle that names anything else (a crafted file's `os.system`, say) before
+    calling it. ConfigError naming the file, what is wrong and the newest other step
+    checkpoint beside it, when the file is missing, truncated, corrupt, holds other objects,
+    or is not a Lightning checkpoint."""
+    import pickle
+
+    import torch
+
+    path = Path(path)
+    others = [p for p in reversed(step_checkpoints(path.parent).values()) if p != path]
+    fix = (f"Use an earlier one, e.g. {others[0]}" if others
+           else "No other checkpoint is beside it; train the run again.")
+    if not path.is_file():
+        raise ConfigError(field, f"{path} does not exist", fix)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise ConfigError(field, f"{path} is truncated or corrupt ({type(err).__name__}: {err})", fix) from err
+        named = next((ln.strip() for ln in str(err).splitlines() if "GLOBAL" in ln or "Unsupported" in ln), "")
+        raise ConfigError(field, f"{path} holds objects other than tensors and plain data ({named}); phasewatch "
+                                 "loads checkpoints without running code, and this file would run some",
+                          "Use a checkpoint written by phasewatch; do not load files from an untrusted source") from None
+    except Exception as err:  # noqa: BLE001 - any other failure to read it means the same to the user
+        raise ConfigError(field, f"{path} is truncated or corrupt ({type(err).__name__}: {err})", fix) from err
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
+        raise ConfigError(field, f"{path} is not a phasewatch checkpoint (no state_dict and global_step)", fix)
+    return ckpt
+
+
 def _array_name(step: int) -> str:
     return f"step={step:07d}.npy"
 

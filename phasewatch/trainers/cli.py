@@ -114,6 +114,9 @@ def analyze_command(argv: list[str]) -> int:
     folder.add_argument("--replace", action="store_true", help="measure keys the run already has again")
     folder.add_argument("--device", default="auto",
                         help="where the probes run: auto (the GPU when there is one; default), cpu, cuda, cuda:N")
+    folder.add_argument("--allow", nargs="+", metavar="MODULE",
+                        help="modules whose classes the run's config may name besides phasewatch's and installed "
+                             "plug-ins' (a run folder from someone else names code that would run)")
     folder.add_argument("--no_wandb", action="store_true",
                         help="no W&B run for this analysis (none either when the run was trained with --no_wandb)")
     args = parser.parse_args(argv)
@@ -125,9 +128,9 @@ def analyze_command(argv: list[str]) -> int:
         from phasewatch.trainers.posthoc import analyze_run_command
 
         return analyze_run_command(args)
-    if args.probes or args.options or args.replace or args.no_wandb or args.device != "auto":
-        print(f"phasewatch: error: {args.target} is not a run folder; --probes, --options, --replace, --device and "
-              "--no_wandb apply to run folders. Give a run folder, or the .pth file alone.", file=sys.stderr)
+    if args.probes or args.options or args.replace or args.no_wandb or args.allow or args.device != "auto":
+        print(f"phasewatch: error: {args.target} is not a run folder; --probes, --options, --replace, --device, "
+              "--allow and --no_wandb apply to run folders. Give a run folder, or the .pth file alone.", file=sys.stderr)
         return 2
     args.checkpoint = args.target
     if not Path(args.checkpoint).is_file():

@@ -14,15 +14,12 @@ without importing lightning.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from jsonargparse import ActionYesNo, Namespace
-from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 
@@ -32,7 +29,7 @@ from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.probes import default_probes, get_probe
 from phasewatch.report.live import LiveReport
-from phasewatch.rundir import RunFolder, default_run_dir, step_checkpoints
+from phasewatch.rundir import RunFolder, default_run_dir, read_checkpoint
 from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.interventions import Interventions
 from phasewatch.trainers.module import TaskDataModule, TrainModule
@@ -200,12 +197,17 @@ def task_argument(argv: list[str]) -> list[str]:
 
 def resume_arguments(argv: list[str]) -> list[str]:
     """Make `fit --run_dir D --ckpt_path last` resume D: read D's config when no config is
-    given, and turn `last` into D's last checkpoint."""
+    given, and turn `last` into D's last checkpoint. Any checkpoint given is read first,
+    without running code (`read_checkpoint`): a missing, corrupt or crafted file stops here
+    with one line."""
     ckpt, run_dir = _flag_value(argv, "--ckpt_path"), _flag_value(argv, "--run_dir")
-    if ckpt is None or run_dir is None:
+    if ckpt is None:
+        return argv
+    if run_dir is None:
         if ckpt == "last":
             raise ConfigError("ckpt_path", "'last' needs the run folder to resume",
                               "Pass --run_dir runs/<name> together with --ckpt_path last.")
+        read_checkpoint(ckpt)  # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
         return argv
     store = RunFolder(run_dir)
     if _flag_value(argv, "--config") is None and _flag_value(argv, "-c") is None:
@@ -219,25 +221,8 @@ def resume_arguments(argv: list[str]) -> list[str]:
                               "The run saved no checkpoint yet; start it again without --ckpt_path.")
         ckpt = str(store.last_checkpoint)
         argv = _set_flag(argv, "--ckpt_path", ckpt)
-    check_checkpoint(Path(ckpt))
+    read_checkpoint(ckpt)  # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
     return argv
-
-
-def check_checkpoint(path: Path) -> None:
-    """Raise ConfigError naming the file, and the newest other checkpoint beside it, when a
-    checkpoint to resume from is missing, truncated or corrupt."""
-    from phasewatch.tasks.base import ConfigError
-
-    others = [p for p in reversed(step_checkpoints(path.parent).values()) if p != path]
-    fix = (f"Resume from an earlier one, e.g. --ckpt_path {others[0]}" if others
-           else "No other checkpoint is beside it; start the run again.")
-    if not path.is_file():
-        raise ConfigError("ckpt_path", f"{path} does not exist", fix)
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # this run's own file
-        ckpt["state_dict"], ckpt["global_step"]
-    except Exception as err:  # noqa: BLE001 - any failure to read it means the same to the user
-        raise ConfigError("ckpt_path", f"{path} is truncated or corrupt ({type(err).__name__}: {err})", fix) from err
 
 
 TRAINER_DEFAULTS = dict(  # with the other defaults: the quickstart run
@@ -279,14 +264,18 @@ class RunConfig:
     datamodule: TaskDataModule
 
 
-def load_run_config(run_dir: str | os.PathLike) -> RunConfig:
-    """Parse a run folder's config with `fit`'s own parser and instantiate it (ConfigError
-    when the folder has none)."""
+def load_run_config(run_dir: str | os.PathLike, allow: tuple[str, ...] = ()) -> RunConfig:
+    """Parse a run folder's config with `fit`'s own parser and instantiate its model and data
+    (ConfigError when the folder has none). Only the run's seed, model and data are taken:
+    nothing else is needed to rebuild the model, and a config may name classes of modules
+    outside phasewatch and the installed plug-ins only when `allow` names them
+    (`plugins.check_trusted`): a run folder is data, possibly someone else's."""
+    from phasewatch.plugins import check_trusted
+
     folder = RunFolder(run_dir)
     config = folder.read_config()
-    # arguments of Trainer.fit itself (ckpt_path, ...) belong to the fit command, not to the run
-    fit_only = set(inspect.signature(Trainer.fit).parameters) - {"self", "model", "datamodule"}
-    saved = {k: v for k, v in config.items() if k not in fit_only}
+    saved = {k: config[k] for k in ("seed_everything", "model", "data") if k in config}
+    check_trusted(saved, str(folder.config), allow)
     cli = _ConfigOnly(TrainModule, TaskDataModule, save_config_callback=None, trainer_defaults=TRAINER_DEFAULTS,
                       seed_everything_default=0, auto_configure_optimizers=False, args=saved, run=False)
     return RunConfig(config, cli.model, cli.datamodule)

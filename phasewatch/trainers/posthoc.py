@@ -38,15 +38,17 @@ import torch
 from phasewatch.callbacks.probes import is_scalar, measure, record_results
 from phasewatch.probes import check_options, get_probe
 from phasewatch.probes.keys import is_detail
-from phasewatch.rundir import RunFolder
+from phasewatch.rundir import RunFolder, read_checkpoint
 from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.lightning_cli import load_run_config
 from phasewatch.trainers.module import TrainModule
 
 
-def load_run_module(run_dir: str | os.PathLike) -> TrainModule:
-    """The run's TrainModule (task and architecture from its config, fresh weights)."""
-    return load_run_config(run_dir).model
+def load_run_module(run_dir: str | os.PathLike, allow: tuple[str, ...] = ()) -> TrainModule:
+    """The run's TrainModule (task and architecture from its config, fresh weights); classes
+    of modules other than phasewatch's and the installed plug-ins' only when `allow` names
+    them (`load_run_config`)."""
+    return load_run_config(run_dir, allow).model
 
 
 def run_options(config: dict[str, Any], names: list[str], given: dict[str, dict]) -> dict[str, dict]:
@@ -58,9 +60,10 @@ def run_options(config: dict[str, Any], names: list[str], given: dict[str, dict]
 
 
 def load_weights(module: TrainModule, path: str | os.PathLike) -> TrainModule:
-    """Put a saved checkpoint's weights into the module (this project's own file), on the
-    module's device."""
-    module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
+    """Put a saved checkpoint's weights into the module, on the module's device; the file is
+    read without running code (`read_checkpoint`: ConfigError naming it when it is missing,
+    truncated or not a phasewatch checkpoint)."""
+    module.load_state_dict(read_checkpoint(path, field="checkpoint")["state_dict"])
     return module
 
 
@@ -86,15 +89,18 @@ def resolve_device(device: str | None) -> torch.device:
 
 def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str, dict] | None = None,
                 replace: bool = False, progress: bool = True, device: str | None = None,
-                wandb: bool = True) -> list[int]:
-    """Run `names` on every saved checkpoint of the run; returns the steps measured."""
+                wandb: bool = True, allow: tuple[str, ...] = ()) -> list[int]:
+    """Run `names` on every saved checkpoint of the run; returns the steps measured. The
+    run's config may name classes of `allow`'s modules and of the probes named by a dotted
+    name, besides phasewatch's and the installed plug-ins'."""
     from tqdm import tqdm
 
     from phasewatch.trainers.wandb_logging import make_analysis_logger
 
     store = RunFolder(run_dir)
     on = resolve_device(device)
-    run = load_run_config(run_dir)
+    named = tuple(n.partition(":")[0] for n in names if ":" in n)
+    run = load_run_config(run_dir, tuple(allow) + named)
     module = run.model.to(on)
     run_config = run.config
     probes = [get_probe(n, module.task) for n in names]
@@ -189,7 +195,7 @@ def analyze_run_command(args) -> int:
     except json.JSONDecodeError as err:
         raise ConfigError("options", f"--options is not JSON ({err})", "Write e.g. '{\"llc\": {\"draws\": 400}}'.")
     steps = analyze_run(args.target, args.probes, options, args.replace, device=args.device,
-                        wandb=not args.no_wandb)
+                        wandb=not args.no_wandb, allow=tuple(args.allow or ()))
     print(f"phasewatch: {', '.join(args.probes)} measured at {len(steps)} checkpoints (steps {steps[0]}-{steps[-1]}); "
           f"values added to {RunFolder(args.target).metrics}")
     return 0

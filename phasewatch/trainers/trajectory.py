@@ -35,7 +35,8 @@ from phasewatch.trainers.posthoc import load_run_module, load_weights
 KINDS = ("logits", "weights")
 
 
-def checkpoint_vectors(run_dir: str | os.PathLike, kind: str, max_rows: int = 512) -> tuple[list[int], np.ndarray]:
+def checkpoint_vectors(run_dir: str | os.PathLike, kind: str, max_rows: int = 512,
+                       allow: tuple[str, ...] = ()) -> tuple[list[int], np.ndarray]:
     """(steps, one row per checkpoint) for `kind` "logits" or "weights"."""
     if kind not in KINDS:
         raise ConfigError("kind", f"unknown trajectory kind {kind!r}", f"Use one of {', '.join(KINDS)}.")
@@ -43,7 +44,7 @@ def checkpoint_vectors(run_dir: str | os.PathLike, kind: str, max_rows: int = 51
     if len(steps) < 3:
         raise ConfigError("run_dir", f"{run_dir} has {len(steps)} saved checkpoints; a trajectory needs at least 3",
                           "Train with a checkpoint schedule (the default keeps 30 log-spaced ones).")
-    module = load_run_module(run_dir)
+    module = load_run_module(run_dir, allow)
     batches = module.task.val_batches()
     rows = []
     for path in steps.values():
@@ -73,7 +74,8 @@ def pca_2d(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return coords, variance[:2] / variance.sum()
 
 
-def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, out: str | os.PathLike | None = None) -> Path:
+def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, out: str | os.PathLike | None = None,
+                    allow: tuple[str, ...] = ()) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,7 +90,7 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
     events = detect_all({k: series[k] for k in headline_keys() if k in series})
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 5.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        steps, rows = checkpoint_vectors(folder.root, kind)
+        steps, rows = checkpoint_vectors(folder.root, kind, allow=allow)
         coords, ratio = pca_2d(rows)
         pca = folder.trajectory_pca(kind)
         pca.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +125,10 @@ def trajectory_command(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--kind", choices=[*KINDS, "both"], default="both")
     parser.add_argument("--out", default=None, help="PNG path (default: the figure in the run folder)")
+    parser.add_argument("--allow", nargs="+", metavar="MODULE", default=(),
+                        help="modules whose classes the run's config may name besides phasewatch's and installed "
+                             "plug-ins'")
     args = parser.parse_args(argv)
     kinds = KINDS if args.kind == "both" else (args.kind,)
-    print(plot_trajectory(args.run_dir, kinds, args.out))
+    print(plot_trajectory(args.run_dir, kinds, args.out, tuple(args.allow)))
     return 0
