@@ -27,3 +27,19 @@ def require_int(value: Any, field: str, low: int, fix: str | None = None) -> Non
     """Check that `value` is an int (not a bool) and at least `low`."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
     require(ok, field, f"must be an integer >= {low}, got {value!r}", fix or f"Set {field} to an integer >= {low}.")
+
+
+class DiskFull(ConfigError):
+    """The disk filled while phasewatch wrote into `folder`: one line naming the folder, about
+    how much more space the write needed, and how to go on. What was written before stays
+    readable (every file is appended line by line or written under a temporary name)."""
+
+    def __init__(self, folder: Any, what: str, need_bytes: int | None, fix: str):
+        need = f"about {max(need_bytes, 2**20) / 2**20:,.0f} MiB more" if need_bytes else "more space"
+        super().__init__("run_dir", f"the disk of {folder} is full: writing {what} needs {need}", fix)
+
+
+def is_disk_full(err: BaseException) -> bool:
+    import errno
+
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)

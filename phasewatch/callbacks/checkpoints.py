@@ -4,7 +4,8 @@
 `last.ckpt` is refreshed every `last_every` steps and at the end, so a killed run loses at
 most that many steps. At a step where validation runs, the save waits until validation
 has logged, so the checkpoint includes it. Every file is written under a temporary name
-and renamed into place: a crash never leaves a half-written checkpoint under a real name.
+and renamed into place: a crash never leaves a half-written checkpoint under a real name,
+and a full disk stops the run with one line (DiskFull) and no temporary file left.
 
 Resume without gaps or duplicates: each checkpoint stores `checkpoint_state()` of every
 logger that has one (`CheckpointStateLogger`: the run folder's file sizes); on resume the
@@ -24,6 +25,7 @@ from lightning.pytorch.callbacks import Checkpoint
 
 from phasewatch.callbacks.loggers import CheckpointStateLogger, run_folder
 from phasewatch.callbacks.schedule import Schedule
+from phasewatch.errors import DiskFull, is_disk_full
 from phasewatch.rundir import LAST_CHECKPOINT, checkpoint_name
 from phasewatch.tasks.base import require_int
 
@@ -86,13 +88,23 @@ class ScheduledCheckpoints(Checkpoint):
         path = Path(self.dirpath) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        trainer.save_checkpoint(tmp, weights_only=False)
-        if trainer.is_global_zero:
-            if copy_to_last:  # the same bytes: copy rather than serialise twice
-                last_tmp = path.with_name(LAST_CHECKPOINT + ".tmp")
-                shutil.copyfile(tmp, last_tmp)
-                os.replace(last_tmp, path.with_name(LAST_CHECKPOINT))
-            os.replace(tmp, path)
+        last_tmp = path.with_name(LAST_CHECKPOINT + ".tmp")
+        try:
+            trainer.save_checkpoint(tmp, weights_only=False)
+            if trainer.is_global_zero:
+                if copy_to_last:  # the same bytes: copy rather than serialise twice
+                    shutil.copyfile(tmp, last_tmp)
+                    os.replace(last_tmp, path.with_name(LAST_CHECKPOINT))
+                os.replace(tmp, path)
+        except OSError as err:
+            for partial in (tmp, last_tmp):
+                partial.unlink(missing_ok=True)
+            if not is_disk_full(err):
+                raise
+            last = path.with_name(LAST_CHECKPOINT)
+            root = run_folder(trainer).root
+            raise DiskFull(root, name, last.stat().st_size if last.exists() else None,
+                           f"Free some space, then resume: phasewatch fit --run_dir {root} --ckpt_path last") from None
 
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step

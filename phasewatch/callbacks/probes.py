@@ -42,11 +42,11 @@ class ProbeRunner(pl.Callback):
     def __init__(self, names: list[str] | None = None, schedule: Schedule = Schedule(kind="log", count=60),
                  every_validation: bool = True, options: dict[str, dict] | None = None,
                  schedules: dict[str, Schedule] | None = None):
-        self.names, self.schedule, self.every_validation = names, schedule.validate(), every_validation
+        self.names, self.schedule, self.every_validation = names, schedule.validate("probes.schedule"), every_validation
         for name in names or []:
             get_probe(name)  # imports plug-ins named by a dotted name, whose options are checked next
         self.options = check_options(options or {}, "probes.options")
-        self.schedules = {k: v.validate() for k, v in (schedules or {}).items()}
+        self.schedules = {k: v.validate(f"probes.schedules.{k}") for k, v in (schedules or {}).items()}
         # when each tracked set changed: key -> [(step, labels)]
         self.history: dict[str, list[tuple[int, list[str]]]] = {}
         self._steps: set[int] = set()

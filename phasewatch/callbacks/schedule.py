@@ -32,19 +32,20 @@ class Schedule:
     every: int | None = None
     steps: list[int] | None = None
 
-    def validate(self) -> "Schedule":
-        """Raise ConfigError naming the bad field; returns self."""
-        require(self.kind in ("log", "linear", "list"), "checkpoints.schedule.kind", f"unknown kind {self.kind!r}",
+    def validate(self, field: str = "checkpoints.schedule") -> "Schedule":
+        """Raise ConfigError naming the bad field (under `field`, the schedule's own name in
+        the config); returns self."""
+        require(self.kind in ("log", "linear", "list"), f"{field}.kind", f"unknown kind {self.kind!r}",
                 "Use log, linear or list.")
         if self.kind == "log":
-            require_int(self.count, "checkpoints.schedule.count", 1)
+            require_int(self.count, f"{field}.count", 1)
         if self.kind == "linear":
-            require_int(self.every, "checkpoints.schedule.every", 1, "Give the spacing in steps, e.g. every: 100.")
+            require_int(self.every, f"{field}.every", 1, "Give the spacing in steps, e.g. every: 100.")
         if self.kind == "list":
-            require(bool(self.steps), "checkpoints.schedule.steps", "kind 'list' needs a non-empty list of steps",
+            require(bool(self.steps), f"{field}.steps", "kind 'list' needs a non-empty list of steps",
                     "Give steps: [0, 100, 1000].")
             for s in self.steps:
-                require_int(s, "checkpoints.schedule.steps", 0)
+                require_int(s, f"{field}.steps", 0)
         return self
 
     def resolve(self, max_steps: int | None) -> list[int]:

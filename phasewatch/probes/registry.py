@@ -115,7 +115,7 @@ def check_options(options: dict, field: str, running: list[str] | None = None) -
             what = "a registered probe" if running is None else "a probe being run"
             raise ConfigError(field, f"options for {name!r}, which is not {what}",
                               f"Key the options by a probe name ({', '.join(allowed)})"
-                              f"{'' if running is None else ', or add the probe to --probes'}.")
+                              f"{'' if running is None else ', or run the probe too (analyze --probes, fit --probes.names)'}.")
         if not isinstance(kwargs, dict):
             raise ConfigError(f"{field}.{name}", f"expected a mapping of option names to values, got {kwargs!r}",
                               f'Write e.g. {{"{name}": {{"option": value}}}}.')

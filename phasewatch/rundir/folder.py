@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-from phasewatch.errors import ConfigError
+from phasewatch.errors import ConfigError, DiskFull, is_disk_full
 from phasewatch.rundir.jsonl import append_jsonl, read_jsonl, rewrite_jsonl, write_atomic
 from phasewatch.rundir.series import Series, read_csv_series, read_series
 
@@ -147,7 +147,22 @@ class RunFolder:
 
     def has_run(self) -> bool:
         """Whether something already lives here (a config or metrics of an earlier run)."""
+        self.check_name()
         return self.config.exists() or self.metrics.exists()
+
+    def check_name(self) -> None:
+        """ConfigError when a part of the folder's path is longer than file names may be."""
+        longest = max((part for part in self.root.parts), key=len, default="")
+        limit = 255
+        try:
+            limit = os.pathconf(next((p for p in [self.root, *self.root.parents] if p.exists()), Path(".")),
+                                "PC_NAME_MAX")
+        except (OSError, ValueError):
+            pass
+        if len(longest) > limit:
+            raise ConfigError("run_dir", f"the folder name {longest[:40]}... is {len(longest)} characters long, "
+                                         f"more than the {limit} this file system allows",
+                              "Choose a shorter --run_dir (or run name).")
 
     def require_metrics(self) -> None:
         """FileNotFoundError naming the folder when it has no metrics (not a run folder)."""
@@ -162,6 +177,7 @@ class RunFolder:
     def create(self, min_free_bytes: int = 64 * 2**20) -> None:
         """Make the folders, or raise ConfigError at once when the place is not writable or
         the disk is (nearly) full: better now than after an hour of training."""
+        self.check_name()
         try:
             for d in (self.root, self.checkpoints, self.arrays):
                 d.mkdir(parents=True, exist_ok=True)
@@ -273,7 +289,15 @@ class RunFolder:
         folder = self.array_folder(probe, key)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / _array_name(step)
-        np.save(path, array)
+        try:
+            np.save(path, array)
+        except OSError as err:
+            path.unlink(missing_ok=True)
+            if is_disk_full(err):
+                raise DiskFull(self.root, f"{probe}/{key} at step {step}", np.asarray(array).nbytes,
+                               f"Free some space, then resume: phasewatch fit --run_dir {self.root} "
+                               "--ckpt_path last") from None
+            raise
         return path
 
     def array_files(self, probe: str, key: str) -> list[tuple[int, Path]]:

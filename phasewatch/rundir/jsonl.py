@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from phasewatch.errors import DiskFull, is_disk_full
+
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Records of a JSON-lines file (none when it does not exist); a half-written last line
@@ -26,10 +28,19 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
 
 
 def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append one record as a line and flush it, so that a reader following the file sees it."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
+    """Append one record as a line and flush it, so that a reader following the file sees it.
+    A full disk is DiskFull (a torn last line is skipped by every reader)."""
+    line = json.dumps(record) + "\n"
+    try:
+        with open(path, "a") as f:
+            f.write(line)
+            f.flush()
+    except OSError as err:
+        if is_disk_full(err):
+            raise DiskFull(Path(path).parent, Path(path).name, len(line),
+                           f"Free some space, then resume: phasewatch fit --run_dir {Path(path).parent} "
+                           "--ckpt_path last") from None
+        raise
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
@@ -37,10 +48,17 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     sees the old file or the new one, never half of one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data)
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)  # no partial temporary file left behind
+        if is_disk_full(err):
+            raise DiskFull(path.parent, path.name, len(data),
+                           f"Free some space and run the command again; {path} is as it was") from None
+        raise
     os.replace(tmp, path)
     return path
 

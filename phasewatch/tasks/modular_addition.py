@@ -8,6 +8,7 @@ row-major order (a outer, b inner), `random.seed(seed)`, `random.shuffle`, the f
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -21,6 +22,25 @@ OPS = ("+", "-", "*", "/")
 def is_prime(n: int) -> bool:
     """Whether n is a prime number (trial division)."""
     return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+#: bytes per pair while the table is built: a Python tuple of two ints in a list, and its rows of
+#: tokens, targets (int64) and loss mask (bool)
+PAIR_BYTES = 120 + 3 * 8 * 2 + 3
+
+
+def full_batch_bytes(n_pairs: int, d_vocab: int) -> int:
+    """About the memory of the full-batch table of `n_pairs` pairs and of one float32 forward
+    pass's logits over it (3 positions x `d_vocab`): what training on it needs at the least."""
+    return n_pairs * (PAIR_BYTES + 3 * d_vocab * 4)
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 @register_task("modular_addition")
@@ -53,6 +73,13 @@ class ModularAddition(Task):
             "Use e.g. 0.3 (the paper's training fraction).",
         )
         require_int(seed, "data.task.seed", 0)
+        n_pairs = p * (p - 1 if op == "/" else p)
+        need, have = full_batch_bytes(n_pairs, p + 1), physical_memory()
+        require(have is None or need <= have, "data.task.p",
+                f"p = {p} gives {n_pairs:,} pairs, and the full-batch table with one forward pass over it needs "
+                f"about {need / 2**30:,.1f} GiB, more than this machine's {(have or 0) / 2**30:,.1f} GiB",
+                f"Use a smaller modulus (p = 113, as in Nanda et al. 2023, needs "
+                f"{full_batch_bytes(113 * 113, 114) / 2**30:.2f} GiB).")
         self.p, self.op, self.frac_train, self.seed = p, op, float(frac_train), seed
         pairs = self.all_pairs()
         state = random.getstate()  # the paper's procedure, without disturbing the global RNG

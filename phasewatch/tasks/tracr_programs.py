@@ -19,7 +19,7 @@ import itertools
 import types
 from typing import Any, Callable, Sequence
 
-from phasewatch.tasks.base import ConfigError
+from phasewatch.tasks.base import ConfigError, require_int
 
 COMPILER_BOS = "BOS"
 COMPILER_PAD = "PAD"
@@ -38,6 +38,7 @@ class ProgramSpec:
     unique_tokens: bool = False  # inputs must not repeat a token (sort_unique)
     numeric_vocab: bool = False  # the program does arithmetic on token values
     summary: str = ""
+    numerical_output: bool = False  # a number per position: trains, but has no compiled reference to compare
 
 
 def _frac_prevs(rasp, lib, n, vocab):
@@ -58,10 +59,10 @@ PROGRAMS: dict[str, ProgramSpec] = {
                                6, False, unique_tokens=True, summary="distinct tokens sorted ascending"),
     "sort_freq": ProgramSpec(lambda r, lib, n, v: lib.make_sort_freq(n), (1, 2, 3, 4, 5), 6, False,
                              numeric_vocab=True, summary="tokens sorted by decreasing frequency"),
-    "frac_prevs": ProgramSpec(_frac_prevs, (1, 2, 3), 6, True,
+    "frac_prevs": ProgramSpec(_frac_prevs, (1, 2, 3), 6, True, numerical_output=True,
                               summary="fraction of tokens so far equal to the first vocabulary value"),
     "pair_balance": ProgramSpec(lambda r, lib, n, v: lib.make_pair_balance(r.tokens, "(", ")"), ("(", ")"), 6, True,
-                                summary="fraction of '(' minus fraction of ')' so far"),
+                                numerical_output=True, summary="fraction of '(' minus fraction of ')' so far"),
     "shuffle_dyck": ProgramSpec(lambda r, lib, n, v: lib.make_shuffle_dyck(["()", "{}"]), ("(", ")", "{", "}"),
                                 6, False, summary="whether the sequence is a balanced shuffle of () and {}"),
 }
@@ -166,6 +167,7 @@ def load_program(name: str, vocab: Sequence[Value] | None = None, max_seq_len: i
     s = spec(name)
     vocab = tuple(s.vocab if vocab is None else vocab)
     max_seq_len = s.max_seq_len if max_seq_len is None else max_seq_len
+    require_int(max_seq_len, "data.task.max_seq_len", 1, "Use a maximum input length of at least 1.")
     for reserved in (COMPILER_BOS, COMPILER_PAD):
         if reserved in vocab:
             raise ConfigError(

@@ -50,7 +50,9 @@ def list_tasks() -> None:
     print("\ntracr programs for the rasp task (--data.task.program NAME):")
     for name, spec in sorted(PROGRAMS.items()):
         print(f"  {name:14s} {spec.summary} (vocab {list(spec.vocab)}, max_seq_len {spec.max_seq_len}, "
-              f"{'causal' if spec.causal else 'non-causal'})")
+              f"{'causal' if spec.causal else 'non-causal'})"
+              + ("\n                 numerical output: trains, but has no compiled reference (no compile, no tracr "
+                 "probe)" if spec.numerical_output else ""))
     list_probes({name: task_class(name)() for name in task_names()})
 
 
@@ -257,7 +259,15 @@ def compile_command(argv: list[str]) -> int:
     from phasewatch.tasks.tracr_programs import load_program
     from phasewatch.probes.compiled import compiled_reference
 
-    program = load_program(args.program, json.loads(args.vocab) if args.vocab else None, args.max_seq_len)
+    from phasewatch.tasks.base import ConfigError
+
+    try:
+        vocab = json.loads(args.vocab) if args.vocab else None
+    except json.JSONDecodeError as err:
+        raise ConfigError("vocab", f"--vocab {args.vocab!r} is not a JSON list ({err})", "Write e.g. --vocab '[1, 2, 3]'.")
+    if vocab is not None and not isinstance(vocab, list):
+        raise ConfigError("vocab", f"--vocab {args.vocab!r} is not a list", "Write e.g. --vocab '[1, 2, 3]'.")
+    program = load_program(args.program, vocab, args.max_seq_len)
     _, layout = compiled_reference(program, cache_dir=args.cache_dir)
     print(f"{program.name}: vocab {list(program.vocab)}, max_seq_len {program.max_seq_len}; "
           f"{layout['n_layers']} layers, {layout['n_heads']} head(s), d_model {layout['d_model']}, d_mlp {layout['d_mlp']}")
@@ -283,6 +293,18 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status. Output cut short by the reader (`phasewatch tasks |
+    head`) ends quietly with the status a shell gives a command killed by SIGPIPE."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)

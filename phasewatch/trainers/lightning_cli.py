@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import ActionYesNo, Namespace
+from jsonargparse import ActionYesNo, ArgumentError, Namespace
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 
@@ -27,7 +28,7 @@ from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
 from phasewatch.callbacks.loggers import RunFolderLogger
 from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.transitions import TransitionWatcher
-from phasewatch.probes import default_probes, get_probe
+from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.report.live import LiveReport
 from phasewatch.rundir import RunFolder, default_run_dir, read_checkpoint
 from phasewatch.tasks.base import ConfigError
@@ -58,6 +59,8 @@ class PhasewatchCLI(LightningCLI):
     """LightningCLI plus `--run_dir`, `--wandb/--no_wandb`, `--wandb_project` and the
     `checkpoints` callback; sets up the run folder and loggers before the trainer."""
 
+    _options_given = False  # --probes.options on the command line (checked against the probes run)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run_dir", type=str | None, default=None,
                             help="Run folder (default: runs/<task>-<date>-<time>).")
@@ -73,15 +76,25 @@ class PhasewatchCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         """Parse the command line after `resolve_arguments` (a saved config, given as a
-        dict by `load_run_config`, is parsed as it is)."""
-        if isinstance(args, dict):
-            self.config = parser.parse_object(args)
-        else:
-            self.config = parser.parse_args(resolve_arguments(list(sys.argv[1:] if args is None else args)))
+        dict by `load_run_config`, is parsed as it is). A parse error is a ConfigError: one
+        line naming the key, not jsonargparse's usage dump."""
+        try:
+            if isinstance(args, dict):
+                self.config = parser.parse_object(args)
+            else:
+                argv = resolve_arguments(list(sys.argv[1:] if args is None else args))
+                self._options_given = any(a.startswith("--probes.options") for a in argv)
+                self.config = parser.parse_args(argv)
+        except ArgumentError as err:
+            raise parse_error(err) from None
 
     def instantiate_trainer(self, **kwargs: Any):
         cfg = self.config[self.subcommand]
         task = self.datamodule.task
+        max_steps = cfg.trainer.get("max_steps")
+        if not (isinstance(max_steps, int) and max_steps >= 1):
+            raise ConfigError("trainer.max_steps", f"must be a whole number of steps >= 1, got {max_steps!r}",
+                              "Set e.g. --trainer.max_steps 3000 (phasewatch's schedules need a finite run).")
         resuming = cfg.get("ckpt_path") is not None
         run_dir = cfg.get("run_dir") or default_run_dir(task.name)
         store = RunFolder(run_dir)
@@ -93,6 +106,8 @@ class PhasewatchCLI(LightningCLI):
             probe_cb.names = default_probes(task)
         for name in probe_cb.names:
             get_probe(name, task)  # unknown or inapplicable probes stop here, before anything is written
+        if self._options_given:  # a config may carry options for later (`analyze --probes llc`); a flag may not
+            check_options(probe_cb.options, "probes.options", running=list(probe_cb.names))
         cfg.probes.names = list(probe_cb.names)
         store.create()
         store.acquire_lock()
@@ -138,9 +153,44 @@ class PhasewatchCLI(LightningCLI):
 
 
 def resolve_arguments(argv: list[str]) -> list[str]:
-    """The command line as jsonargparse should see it: registry task names as class paths,
-    and a resumed run's config and last checkpoint filled in."""
-    return resume_arguments(task_argument(argv))
+    """The command line as jsonargparse should see it: negative numbers as values
+    (`--model.lr -1e-3`, as users type it), registry task names as class paths, and a
+    resumed run's config and last checkpoint filled in."""
+    return resume_arguments(task_argument(negative_values(argv)))
+
+
+def negative_values(argv: list[str]) -> list[str]:
+    """`--flag -1e-3` as `--flag=-1e-3`: argparse takes a token starting with '-' for a flag."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.fullmatch(r"-(\d|\.\d)[\d.eE+-]*", arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def parse_error(err: Exception) -> ConfigError:
+    """jsonargparse's error as one line: the key, what is wrong, and where to look."""
+    text = " ".join(str(err).split())
+    match = re.search(r'Parser key "([^"]+)"', text) or re.search(r"argument --?([\w.\-]+)", text)
+    field = match.group(1) if match else "arguments"
+    problem = re.sub(r'\s*-?\s*Parser key "[^"]+":\s*', " ", text).strip().rstrip(".")
+    problem = problem.split(" - ")[0].strip()  # the nested repetitions of the same complaint
+    head = " ".join(problem.split()[:3])
+    if head and problem.find(head, len(head)) > 0:
+        problem = problem[:problem.find(head, len(head))].strip()
+    if problem.startswith(("Problems parsing config", "Unexpected config")):
+        field = "config"
+        if problem.startswith("Unexpected config"):
+            problem = "the config file does not hold a mapping of settings"
+    if field == "config":
+        fix = "Give an existing YAML file holding a mapping of settings, e.g. --config configs/quickstart.yaml."
+    elif "unrecognized arguments" in text:
+        fix = "Check the spelling: phasewatch fit --help lists every flag."
+    else:
+        fix = "phasewatch fit --help lists every flag with its type."
+    return ConfigError(field, problem, fix)
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -225,6 +275,9 @@ def resume_arguments(argv: list[str]) -> list[str]:
     return argv
 
 
+#: errors raise (parse_arguments turns them into one line) instead of printing the usage and exiting
+PARSER_KWARGS = {"exit_on_error": False}
+
 TRAINER_DEFAULTS = dict(  # with the other defaults: the quickstart run
     max_steps=3000, val_check_interval=25, check_val_every_n_epoch=None, log_every_n_steps=10,
     num_sanity_val_steps=0, enable_checkpointing=True, enable_model_summary=False,
@@ -238,7 +291,7 @@ def run_lightning_cli(argv: list[str]) -> None:
     try:
         PhasewatchCLI(
             TrainModule, TaskDataModule, save_config_callback=None, trainer_defaults=TRAINER_DEFAULTS,
-            seed_everything_default=0, auto_configure_optimizers=False,
+            seed_everything_default=0, auto_configure_optimizers=False, parser_kwargs=PARSER_KWARGS,
         )
     finally:
         sys.argv = saved_argv
@@ -277,5 +330,6 @@ def load_run_config(run_dir: str | os.PathLike, allow: tuple[str, ...] = ()) -> 
     saved = {k: config[k] for k in ("seed_everything", "model", "data") if k in config}
     check_trusted(saved, str(folder.config), allow)
     cli = _ConfigOnly(TrainModule, TaskDataModule, save_config_callback=None, trainer_defaults=TRAINER_DEFAULTS,
-                      seed_everything_default=0, auto_configure_optimizers=False, args=saved, run=False)
+                      seed_everything_default=0, auto_configure_optimizers=False, args=saved, run=False,
+                      parser_kwargs=PARSER_KWARGS)
     return RunConfig(config, cli.model, cli.datamodule)

@@ -121,3 +121,115 @@ def test_a_run_config_naming_foreign_code_is_refused_unless_allowed(run, tmp_pat
     assert main(["analyze", str(copy), "--probes", "grokking", "--no_wandb", "--device", "cpu",
                  "--allow", "theirmod"]) == 0
     assert marker.exists()
+
+
+BAD_INPUTS = {  # argv -> the field the one line must name
+    "missing config file": (["--config", "/nonexistent/config.yaml"], "config"),
+    "config that is a list": (["--config", "{tmp}/list.yaml"], "config"),
+    "YAML syntax error": (["--config", "{tmp}/broken.yaml"], "config"),
+    "unknown key": (["--model.lrr", "3"], "arguments"),
+    "schedule not a mapping": (["--probes.schedule", "garbage"], "probes.schedule"),
+    "unknown schedule kind": (["--probes.schedule.kind", "banana"], "probes.schedule.kind"),
+    "probe schedule count": (["--probes.schedule.count", "-3"], "probes.schedule.count"),
+    "negative learning rate": (["--model.lr", "-1e-3"], "model.lr"),
+    "options of a probe not run": (["--probes.options", '{"llc": {"draws": 3}}'], "probes.options"),
+    "zero steps": (["--trainer.max_steps", "0"], "trainer.max_steps"),
+    "negative steps": (["--trainer.max_steps", "-5"], "trainer.max_steps"),
+    "modulus too large for memory": (["--data.task.p", "1000000"], "data.task.p"),
+    "run name too long": (["--run_dir", "{tmp}/" + "a" * 300], "run_dir"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_every_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case):
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "broken.yaml").write_text("model: [\n")
+    args, field = BAD_INPUTS[case]
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    run = tmp_path / "run"
+    argv = ["fit", "--no_wandb", "--trainer.max_steps", "5", *(["--run_dir", str(run)] if "--run_dir" not in args else []),
+            *args]
+    assert main(argv) == 2
+    out = capsys.readouterr().err.splitlines()
+    assert not [ln for ln in out if ln.startswith(("usage:", "Traceback"))]
+    error = one_error_of(out)
+    assert error.startswith(f"phasewatch: error: {field}: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.yaml", "list.yaml"]  # nothing written
+
+
+def one_error_of(lines: list[str]) -> str:
+    (error,) = [ln for ln in lines if ln.startswith("phasewatch")]
+    return error
+
+
+def test_a_negative_learning_rate_typed_without_equals_reaches_the_field_check(tmp_path, capsys):
+    """`--model.lr -1e-3` is parsed as a value (it used to read as an unknown flag)."""
+    assert main(["fit", "--no_wandb", "--model.lr", "-1e-3", "--run_dir", str(tmp_path / "r")]) == 2
+    assert "got -0.001" in one_error_of(capsys.readouterr().err.splitlines())
+
+
+def test_compile_refuses_bad_arguments_in_one_line(capsys):
+    assert main(["compile", "reverse", "--vocab", "[1,2"]) == 2
+    assert one_error_of(capsys.readouterr().err.splitlines()).startswith("phasewatch: error: vocab: ")
+    assert main(["compile", "reverse", "--max-seq-len", "0"]) == 2  # as fit refuses it
+    assert one_error_of(capsys.readouterr().err.splitlines()).startswith("phasewatch: error: data.task.max_seq_len: ")
+
+
+def test_output_cut_short_by_the_reader_ends_quietly():
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "phasewatch", "tasks"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.read(20)
+    proc.stdout.close()  # `phasewatch tasks | head -c 20`
+    assert proc.wait() == 141 and b"Traceback" not in proc.stderr.read()
+
+
+def test_a_full_disk_mid_run_is_one_line_leaves_no_temporary_file_and_resumes(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from lightning.fabric.plugins.io import torch_io
+
+    real = torch_io._atomic_save
+    calls = []
+
+    def fills_the_disk(checkpoint, path):  # the third checkpoint write runs out of space half-way
+        calls.append(path)
+        if len(calls) == 3:
+            with open(path, "wb") as f:
+                f.write(b"PK\x03\x04 half a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(checkpoint, path)
+
+    monkeypatch.setattr(torch_io, "_atomic_save", fills_the_disk)
+    run = tmp_path / "run"
+    assert main(["fit", *TINY, "--run_dir", str(run), "--trainer.max_steps", "12",
+                 "--trainer.val_check_interval", "4"]) == 2
+    error = one_error_of(capsys.readouterr().err.splitlines())
+    assert error.startswith(f"phasewatch: error: run_dir: the disk of {run} is full: writing step=")
+    assert f"resume: phasewatch fit --run_dir {run} --ckpt_path last" in error
+    assert not list(RunFolder(run).checkpoints.glob("*.tmp"))
+    monkeypatch.setattr(torch_io, "_atomic_save", real)  # space freed
+    assert main(["fit", "--run_dir", str(run), "--ckpt_path", "last"]) == 0
+    assert max(r["step"] for r in RunFolder(run).read_metrics()) >= 11
+
+
+def test_a_full_disk_while_writing_the_report_keeps_the_old_one(run, tmp_path, capsys, monkeypatch):
+    import errno
+    import pathlib
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = RunFolder(copy).report.read_text()
+    real = pathlib.Path.write_text
+
+    def full(self, data, *args, **kwargs):
+        if self.name.endswith(".tmp"):
+            real(self, data[:100], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    assert main(["report", str(copy)]) == 2
+    assert "is full: writing report.html" in one_error_of(capsys.readouterr().err.splitlines())
+    assert RunFolder(copy).report.read_text() == before and not list(copy.glob("*.tmp"))
