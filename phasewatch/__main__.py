@@ -1,5 +1,3 @@
-import sys
+from phasewatch.trainers.cli import console_main
 
-from phasewatch.trainers.cli import main
-
-sys.exit(main())
+console_main()

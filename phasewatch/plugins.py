@@ -25,6 +25,7 @@ other class path in the config before anything is imported.
 from __future__ import annotations
 
 import importlib
+import re
 import warnings
 from types import ModuleType
 
@@ -52,8 +53,8 @@ def import_module(name: str, what: str) -> ModuleType:
     """Import the module of a dotted plug-in name; ConfigError naming it when that fails."""
     try:
         return importlib.import_module(name)
-    except ImportError as err:
-        raise ConfigError(what, f"cannot import {name!r} ({err})",
+    except Exception as err:  # noqa: BLE001 - not found, or its code fails: the same one line
+        raise ConfigError(what, f"cannot import {name!r} ({type(err).__name__}: {err})",
                           "Install the package that holds it, or put its folder on PYTHONPATH.") from err
 
 
@@ -73,26 +74,48 @@ def is_trusted(module: str, allowed: tuple[str, ...] = ()) -> bool:
     return _within(module, {"phasewatch", *installed_modules(), *allowed})
 
 
-def check_trusted(config: object, source: str, allowed: tuple[str, ...] = ()) -> None:
-    """ConfigError when `config` (a parsed YAML tree) names a class (`class_path`) or a
-    dotted probe (`module:name`) outside phasewatch, the installed plug-ins and `allowed`:
-    importing it would run its code."""
+#: a string a parser could take for code to import: `package.module.Name` or `package.module:name`
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:\w+)?|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:\w+")
+
+
+def _importable(module: str) -> bool:
+    """Whether the top-level package of `module` could be imported (found without importing
+    it): a dotted string that names nothing importable, such as a component `L0.attn`, is data."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_trusted(config: object, source: str, allowed: tuple[str, ...] = (), fix: str | None = None) -> None:
+    """ConfigError unless every value of `config` (a parsed YAML tree) that jsonargparse could
+    turn into an import names phasewatch, an installed plug-in or a module of `allowed`: a
+    `class_path`, a string naming a class or function (`pkg.mod.Name`, `pkg.mod:name`); and
+    no string holds configuration of its own (inline YAML, or the path of another config
+    file), which could name anything."""
+
+    def refuse(where: str, problem: str, module: str | None) -> None:
+        hint = f"If you trust it, pass --allow {module.split('.')[0]}" if module else "Write the values out as a mapping"
+        raise ConfigError(where or "config", f"{source} {problem}", fix or hint)
+
     def walk(node: object, where: str) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                if key == "class_path" and isinstance(value, str):
-                    check(value.rpartition(".")[0] or value, value, where)
                 walk(value, f"{where}.{key}" if where else str(key))
         elif isinstance(node, list):
             for item in node:
-                if isinstance(item, str) and ":" in item and where.endswith("names"):
-                    check(item.partition(":")[0], item, where)
                 walk(item, where)
-
-    def check(module: str, named: str, where: str) -> None:
-        if not is_trusted(module, allowed):
-            raise ConfigError(where or "config", f"{source} names {named!r}, which is neither phasewatch's nor an "
-                                                 "installed plug-in's; importing it would run its code",
-                              f"If you trust it, pass --allow {module.split('.')[0]}")
+        elif isinstance(node, str):
+            text = node.strip()
+            if _DOTTED.fullmatch(text):
+                module = text.partition(":")[0] if ":" in text else (text.rpartition(".")[0] or text)
+                if _importable(module) and not is_trusted(module, allowed):
+                    refuse(where, f"names {text!r}, which is neither phasewatch's nor an installed plug-in's; "
+                                  "importing it would run its code", module)
+            elif text.startswith(("{", "[")) or text.lower().endswith((".yaml", ".yml", ".json")):
+                refuse(where, f"holds configuration in a string ({text[:40]!r}), which is not read from a run "
+                              "folder", None)
 
     walk(config, "")

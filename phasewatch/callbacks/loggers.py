@@ -20,7 +20,8 @@ from phasewatch.rundir import RunFolder, Series, series_from_records
 
 @runtime_checkable
 class EventLogger(Protocol):
-    """A logger that records phase-transition events (DESIGN.md's event contract)."""
+    """A logger that records phase-transition events ({"metric", "direction", "onset",
+    "midpoint", "end", "magnitude", "detected_at"}: the README's run-folder section)."""
 
     def log_event(self, event: dict[str, Any]) -> None: ...
 

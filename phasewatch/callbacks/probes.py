@@ -137,16 +137,12 @@ def measure(model, task, probes: list, options: dict[str, dict]) -> dict[str, di
         model.train(was_training)
 
 
-#: a probe value logged as a metric (a number); anything else is saved as an array
-is_scalar = is_number
-
-
 def record_results(results: dict[str, dict[str, Any]], folder: RunFolder, step: int) -> dict[str, float]:
     """Save the array values in the run folder at `step`; return the scalars."""
     scalars: dict[str, float] = {}
     for probe, values in results.items():
         for key, value in values.items():
-            if is_scalar(value):
+            if is_number(value):  # logged as a metric; anything else is saved as an array
                 scalars[key] = float(value)
             else:
                 array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)

@@ -11,7 +11,7 @@ Everything else (probes, callbacks, trainers) reaches TransformerLens only throu
 public bridge (`model.cfg`, hooks, weight views such as `W_E`) and these functions.
 """
 
-from phasewatch.models.components import component_parameters, parse_component, register_component_hook
+from phasewatch.models.components import component_parameters, head_label, parse_component, register_component_hook
 from phasewatch.models.factory import (ACTIVATIONS, ATTENTION, GENERIC_DEFAULTS, NORMALIZATIONS, ModelConfig,
                                        build_model, fresh_like, native_module)
 from phasewatch.models.paper_checkpoint import load_progress_measures_checkpoint, undo_last_adamw_step
@@ -19,6 +19,7 @@ from phasewatch.models.tracr_convert import (SAVED_CONFIG_FIELDS, bridge_from_sa
                                              layer_output_weights, saved_config)
 
 __all__ = [
+    "head_label",
     "ACTIVATIONS", "ATTENTION", "GENERIC_DEFAULTS", "NORMALIZATIONS", "SAVED_CONFIG_FIELDS", "ModelConfig",
     "bridge_from_saved", "bridge_from_tracr", "build_model", "component_parameters", "fresh_like",
     "layer_output_weights", "load_progress_measures_checkpoint", "native_module", "parse_component",

@@ -10,6 +10,11 @@ import torch
 from phasewatch.tasks.base import ConfigError
 
 
+def head_label(layer: int, head: int) -> str:
+    """The name of head `head` of layer `layer` in keys and labels: `L1H2` (what parse_component reads)."""
+    return f"L{layer}H{head}"
+
+
 def parse_component(component: str, n_layers: int, n_heads: int) -> tuple[str, int | None, int | None]:
     """`L1H2` -> ("head", 1, 2); `L0.attn` / `L0.mlp` -> ("attn"/"mlp", 0, None);
     `embed`, `pos_embed`, `unembed` -> (name, None, None). ConfigError otherwise."""

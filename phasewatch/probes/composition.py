@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from phasewatch.models import head_label
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 
@@ -96,10 +97,6 @@ def random_baseline(d_model: int, d_head: int, samples: int = 256, seed: int = 0
     mats = [torch.randn(samples, *shape, generator=g, dtype=torch.float64)
             for shape in ((d_model, d_head), (d_head, d_model), (d_model, d_head), (d_head, d_model))]
     return float(torch.diagonal(composition_matrix(*mats)).mean())
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 #: a pair composes when its score is this many times the random baseline

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from phasewatch.probes.composition import head_label
+from phasewatch.models import head_label
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import step_generator

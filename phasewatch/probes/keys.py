@@ -2,7 +2,7 @@
 training loop's own keys.
 
 A `KeyFamilies` declaration says which of a probe's keys are per-head or per-frequency
-detail (left out of live detection, of the report's default panels and of `compare`),
+detail (not watched by the live detector nor by `analyze`'s transition detection),
 which of its array outputs are sets to follow over training (printed when they change),
 how the report draws its keys (`Panel`s; panels with the same title are drawn as one),
 which keys have no panel of their own family, and which are headline keys (the columns of
@@ -70,19 +70,26 @@ _FAMILIES: dict[str, KeyFamilies] = {"training": TRAINING}
 
 
 def declare_keys(owner: str, families: KeyFamilies) -> None:
-    """Record what `owner`'s keys mean (register_probe calls it); a name is declared once."""
+    """Record what `owner`'s keys mean (register_probe calls it). ValueError, and nothing
+    recorded, when the name is declared already, when the declaration would hide the training
+    loop's own keys (a detail pattern or hidden prefix catching `val/loss`, say), or when one
+    of its panels shares a title with another owner's and their keys cannot be joined."""
     if owner in _FAMILIES:
         raise ValueError(f"the keys of {owner!r} are already declared")
+    caught = [k for k in TRAINING.headline if (families.detail and re.search(families.detail, k))
+              or any(k == h or (h.endswith("/") and k.startswith(h)) for h in families.hidden)]
+    if caught:
+        raise ValueError(f"the keys declared for {owner!r} would hide the training loop's {caught}")
     _FAMILIES[owner] = families
-
-
-def families() -> list[KeyFamilies]:
-    """Every declaration: the training loop's first, then the probes' in registration order."""
-    return list(_FAMILIES.values())
+    try:
+        panels()
+    except ValueError:
+        del _FAMILIES[owner]
+        raise
 
 
 def is_detail(key: str) -> bool:
-    """A per-head, per-frequency or diagnostic key: not watched live, not in default panels."""
+    """A per-head, per-frequency or diagnostic key: its transitions are not detected by default."""
     return any(f.detail and re.search(f.detail, key) for f in _FAMILIES.values())
 
 

@@ -74,16 +74,23 @@ def _plug_in(name: str) -> Probe:
     name, or a plain function of the module, registered now as a probe of every task."""
     module_name, _, attr = name.partition(":")
     module = import_module(module_name, "probes.names")
-    if attr in _PROBES:
-        return _PROBES[attr]
     fn = getattr(module, attr, None)
     found = [p for p in _PROBES.values() if p.fn is fn]
     if found:
-        return found[0]
+        return found[0]  # a function the module registered (under whatever name)
+    registered = _PROBES.get(attr)
+    if registered is not None and registered.fn.__module__ == module.__name__:
+        return registered  # a probe the module registered under this name
     if not callable(fn):
         raise ConfigError("probes.names", f"{module_name} has no probe or function {attr!r}",
                           f"Name a function fn(model, task) -> dict of {module_name}, or a probe it registers.")
-    register_probe(attr, applies_to=lambda task: True, default=False)(fn)
+    if registered is not None:
+        raise ConfigError("probes.names", f"{name}: the name {attr!r} is taken by the probe of "
+                                          f"{registered.fn.__module__}", "Give your function another name.")
+    try:
+        register_probe(attr, applies_to=lambda task: True, default=False)(fn)
+    except ValueError as err:  # a name the keys of another owner have (e.g. "training")
+        raise ConfigError("probes.names", f"{name}: {err}", "Give your function another name.") from None
     return _PROBES[attr]
 
 

@@ -197,7 +197,7 @@ def compare_command(argv: list[str]) -> int:
         print(f"phasewatch: error: {err.args[0]}", file=sys.stderr)
         return 2
     single = len(args.paths) == 1 and SweepFolder(args.paths[0]).is_sweep()
-    out = Path(args.out) if args.out else (Path(args.paths[0]) / "compare" if single else Path("compare"))
+    out = Path(args.out) if args.out else (SweepFolder(args.paths[0]).comparison if single else Path("compare"))
     widths = {c: max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:

@@ -66,30 +66,8 @@ def _labels(folder: RunFolder, probe: str, key: str, matrix: list) -> dict:
     return {"rows": names[:rows], "cols": names[rows:rows + cols]} if len(names) == rows + cols else {}
 
 
-def _declare_run_probes(folder: RunFolder) -> None:
-    """Import the plug-in probes the run names by a dotted name, so that their key
-    declarations (panels, detail keys) apply: those of installed plug-ins only (a run folder
-    may be someone else's; the others' keys are drawn without their declaration). One that
-    cannot be imported is a warning."""
-    import warnings
-
-    from phasewatch.errors import ConfigError
-    from phasewatch.plugins import is_trusted
-    from phasewatch.probes import get_probe
-
-    names = ((folder.read_config().get("probes") or {}).get("names") or []) if folder.config.exists() else []
-    for name in names:
-        if ":" in name and not is_trusted(name.partition(":")[0]):
-            continue
-        try:
-            get_probe(name)
-        except ConfigError as err:
-            warnings.warn(f"the report draws {name!r}'s keys without its declaration ({err})", stacklevel=2)
-
-
 def build_report(run_dir: str | Path, live: bool = False) -> str:
     folder = RunFolder(run_dir)
-    _declare_run_probes(folder)
     series = load_series(folder.root)
     watched = {k: v for k, v in series.items() if not is_detail(k)}
     events = folder.read_events() or detect_all(watched)

@@ -266,16 +266,9 @@ class RunFolder:
 
     # --- checkpoints ---------------------------------------------------------------
 
-    def checkpoint(self, step: int) -> Path:
-        return self.checkpoints / checkpoint_name(step)
-
     def checkpoint_steps(self) -> dict[int, Path]:
         """step -> checkpoint file, for the run's step checkpoints, in step order."""
         return step_checkpoints(self.checkpoints)
-
-    def resolve_checkpoint(self, name: str) -> Path:
-        """`last` -> last.ckpt; anything else is a path as given."""
-        return self.last_checkpoint if name == "last" else Path(name)
 
     # --- arrays --------------------------------------------------------------------
 
@@ -373,6 +366,7 @@ class SweepFolder:
 
     state = property(lambda self: self.root / "sweep.json")
     logs = property(lambda self: self.root / "logs")
+    comparison = property(lambda self: self.root / "compare")  # `phasewatch compare`'s table and plot (.csv, .png)
 
     def log(self, run_name: str) -> Path:
         return self.logs / f"{run_name}.log"

@@ -293,18 +293,7 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status. Output cut short by the reader (`phasewatch tasks |
-    head`) ends quietly with the status a shell gives a command killed by SIGPIPE."""
-    try:
-        return _main(argv)
-    except BrokenPipeError:
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
-        return 141
-
-
-def _main(argv: list[str] | None = None) -> int:
+    """Run one command (argv without the program name); its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -328,5 +317,19 @@ def _main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def console_main() -> None:
+    """The `phasewatch` program: `main`, and output cut short by the reader (`phasewatch tasks |
+    head`) ending quietly with the status a shell gives a command killed by SIGPIPE."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        code = 141
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

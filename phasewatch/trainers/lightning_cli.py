@@ -28,6 +28,7 @@ from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
 from phasewatch.callbacks.loggers import RunFolderLogger
 from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.transitions import TransitionWatcher
+from phasewatch.plugins import check_trusted
 from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.report.live import LiveReport
 from phasewatch.rundir import RunFolder, default_run_dir, read_checkpoint
@@ -175,15 +176,21 @@ def parse_error(err: Exception) -> ConfigError:
     text = " ".join(str(err).split())
     match = re.search(r'Parser key "([^"]+)"', text) or re.search(r"argument --?([\w.\-]+)", text)
     field = match.group(1) if match else "arguments"
-    problem = re.sub(r'\s*-?\s*Parser key "[^"]+":\s*', " ", text).strip().rstrip(".")
-    problem = problem.split(" - ")[0].strip()  # the nested repetitions of the same complaint
-    head = " ".join(problem.split()[:3])
-    if head and problem.find(head, len(head)) > 0:
-        problem = problem[:problem.find(head, len(head))].strip()
-    if problem.startswith(("Problems parsing config", "Unexpected config")):
+    if text.startswith(("Problems parsing config", "Unexpected config")):
         field = "config"
-        if problem.startswith("Unexpected config"):
-            problem = "the config file does not hold a mapping of settings"
+        problem = ("the config file does not hold a mapping of settings" if text.startswith("Unexpected config")
+                   else text.split(" - ")[0])
+    else:
+        alternatives = [" ".join(a.split()) for a in re.split(r"\n\s*- ", str(err))[1:]]
+        if alternatives:  # what each reading of the value ran into: the class path's problem says the most
+            problem = next((a for a in alternatives if "class_path" in a or "No module named" in a), alternatives[0])
+        else:
+            problem = text
+        problem = re.sub(r'\s*-?\s*Parser key "[^"]+":\s*', " ", problem).strip()
+        problem = problem.rstrip(".").split(" - ")[0].strip()  # the nested repetitions of the same complaint
+        head = " ".join(problem.split()[:3])
+        if head and problem.find(head, len(head)) > 0:
+            problem = problem[:problem.find(head, len(head))].strip()
     if field == "config":
         fix = "Give an existing YAML file holding a mapping of settings, e.g. --config configs/quickstart.yaml."
     elif "unrecognized arguments" in text:
@@ -229,12 +236,12 @@ def task_argument(argv: list[str]) -> list[str]:
     from phasewatch.tasks import task_class, task_names
 
     classes = {task_class(n).__name__: task_class(n) for n in task_names()}
+    if "." in value and not value.startswith("phasewatch."):
+        return argv  # a class path of the user's own (a plug-in): jsonargparse imports and checks it
     if value in task_names():
         cls = task_class(value)
     elif value.rsplit(".", 1)[-1] in classes:
         cls = classes[value.rsplit(".", 1)[-1]]
-    elif "." in value:
-        return argv  # a class path of the user's own (a plug-in): jsonargparse imports and checks it
     else:
         raise ConfigError("data.task", f"unknown task {value!r}",
                           f"Use one of {', '.join(task_names())} (or {', '.join(sorted(classes))}).")
@@ -264,6 +271,9 @@ def resume_arguments(argv: list[str]) -> list[str]:
         if not store.config.exists():
             raise ConfigError("run_dir", f"{store.config} does not exist, so there is no run to resume",
                               "Check the folder name (runs/<name>), or start a new run with --config.")
+        # the folder may be someone else's: its config may name only code that is phasewatch's or installed
+        check_trusted(store.read_config(), str(store.config),
+                      fix=f"If you trust it, pass --config {store.config} as well, which runs it as given.")
         argv = argv[:1] + ["--config", str(store.config)] + argv[1:]
     if ckpt == "last":
         if not store.last_checkpoint.exists():
@@ -318,17 +328,25 @@ class RunConfig:
 
 
 def load_run_config(run_dir: str | os.PathLike, allow: tuple[str, ...] = ()) -> RunConfig:
-    """Parse a run folder's config with `fit`'s own parser and instantiate its model and data
-    (ConfigError when the folder has none). Only the run's seed, model and data are taken:
-    nothing else is needed to rebuild the model, and a config may name classes of modules
-    outside phasewatch and the installed plug-ins only when `allow` names them
-    (`plugins.check_trusted`): a run folder is data, possibly someone else's."""
-    from phasewatch.plugins import check_trusted
-
+    """Rebuild a run folder's model and data from its config (`instantiate_config`); ConfigError
+    when the folder has none."""
     folder = RunFolder(run_dir)
-    config = folder.read_config()
+    return instantiate_config(folder.read_config(), str(folder.config), allow)
+
+
+def instantiate_config(config: dict[str, Any], source: str, allow: tuple[str, ...] = ()) -> RunConfig:
+    """Parse a config (a run's config.yaml, or a file of configs/) with `fit`'s own parser and
+    instantiate its model and data. Only the seed, model and data are taken: nothing else is
+    needed to rebuild the model, and a config may name classes of modules outside phasewatch
+    and the installed plug-ins only when `allow` names them (`plugins.check_trusted`): a run
+    folder is data, possibly someone else's."""
+    task = config.get("data", {}).get("task") if isinstance(config.get("data"), dict) else None
+    if not (isinstance(config.get("model"), dict) and isinstance(task, dict) and isinstance(task.get("class_path"), str)
+            and isinstance(task.get("init_args") or {}, dict)):
+        raise ConfigError("run_dir", f"{source} does not describe a model and a task (model: and data: task: "
+                                     "class_path, init_args)", "Give a run folder written by phasewatch fit.")
     saved = {k: config[k] for k in ("seed_everything", "model", "data") if k in config}
-    check_trusted(saved, str(folder.config), allow)
+    check_trusted(saved, source, allow)
     cli = _ConfigOnly(TrainModule, TaskDataModule, save_config_callback=None, trainer_defaults=TRAINER_DEFAULTS,
                       seed_everything_default=0, auto_configure_optimizers=False, args=saved, run=False,
                       parser_kwargs=PARSER_KWARGS)

@@ -8,6 +8,7 @@ of sequences with every answer token right).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Iterator
 
@@ -130,6 +131,8 @@ class TrainModule(pl.LightningModule):
         require(on_nonfinite in ("stop", "skip"), "model.on_nonfinite", f"unknown choice {on_nonfinite!r}",
                 "Use stop or skip.")
         self.save_hyperparameters(ignore=["task"])
+        if dataclasses.is_dataclass(self.hparams.get("arch")):  # plain data, so checkpoints load with weights_only
+            self.hparams["arch"] = dataclasses.asdict(self.hparams["arch"])
         self.task = task
         self.arch = (arch or ModelConfig()).resolve(task)
         self.model = build_model(self.arch, task)

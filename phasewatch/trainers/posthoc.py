@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from phasewatch.callbacks.probes import is_scalar, measure, record_results
+from phasewatch.callbacks.probes import measure, record_results
 from phasewatch.probes import check_options, get_probe
 from phasewatch.probes.keys import is_detail
-from phasewatch.rundir import RunFolder, read_checkpoint
+from phasewatch.rundir import RunFolder, is_number, read_checkpoint
 from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.lightning_cli import load_run_config
 from phasewatch.trainers.module import TrainModule
@@ -121,7 +121,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
         # array values are kept per step: old ones at steps this analysis does not measure
         # would mix with the new ones
         old_arrays = [(p, k) for p, r in first_results.items() for k, v in r.items()
-                      if not is_scalar(v) and store.array_files(p, k)]
+                      if not is_number(v) and store.array_files(p, k)]
         found = sorted(existing) + [str(store.array_folder(p, k).relative_to(store.root)) for p, k in old_arrays]
         if found and not replace:
             raise ConfigError("probes", f"{store.root} already has {found[:5]}"

@@ -94,6 +94,38 @@ def test_a_truncated_step_checkpoint_is_named_with_the_fix(run, tmp_path, capsys
     assert f"{text} cannot be read by torch.load" in one_error(capsys)
 
 
+def _their_module(tmp_path, monkeypatch):
+    """A module that leaves a marker when imported, on the path: what a crafted config would name."""
+    marker = tmp_path / "imported"
+    (tmp_path / "theirmod.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return marker
+
+
+@pytest.mark.parametrize("form", ["class name as a string", "inline YAML for data", "inline YAML for the task",
+                                  "path to another config", "resumed with fit"])
+def test_no_form_of_a_crafted_config_gets_its_module_imported(run, tmp_path, capsys, monkeypatch, form):
+    marker = _their_module(tmp_path, monkeypatch)
+    (tmp_path / "other.yaml").write_text("task: {class_path: theirmod.X}\n")
+    copy = tmp_path / "their-run"
+    shutil.copytree(run, copy)
+    folder = RunFolder(copy)
+    config = folder.read_config()
+    config["data"] = {
+        "class name as a string": {"task": "theirmod.X"},
+        "inline YAML for data": '{"task": {"class_path": "theirmod.X"}}',
+        "inline YAML for the task": {"task": '{"class_path": "theirmod.X"}'},
+        "path to another config": str(tmp_path / "other.yaml"),
+        "resumed with fit": {**config["data"], "task": {"class_path": "theirmod.X"}},
+    }[form]
+    folder.config.write_text(yaml.safe_dump(config))
+    argv = (["fit", "--run_dir", str(copy), "--ckpt_path", "last"] if form == "resumed with fit"
+            else ["analyze", str(copy), "--probes", "grokking", "--no_wandb", "--device", "cpu"])
+    assert main(argv) == 2
+    one_error(capsys)
+    assert not marker.exists() and "theirmod" not in sys.modules
+
+
 def test_a_run_config_naming_foreign_code_is_refused_unless_allowed(run, tmp_path, capsys, monkeypatch):
     marker = tmp_path / "imported"
     (tmp_path / "theirmod.py").write_text(textwrap.dedent(f"""
@@ -233,3 +265,18 @@ def test_a_full_disk_while_writing_the_report_keeps_the_old_one(run, tmp_path, c
     assert main(["report", str(copy)]) == 2
     assert "is full: writing report.html" in one_error_of(capsys.readouterr().err.splitlines())
     assert RunFolder(copy).report.read_text() == before and not list(copy.glob("*.tmp"))
+
+
+def test_a_module_built_in_python_saves_hyperparameters_that_load_without_code(tmp_path):
+    """TrainModule(arch=ModelConfig(...)) keeps its architecture as plain data in the hyperparameters
+    Lightning saves, so its checkpoints pass `read_checkpoint` (weights only)."""
+    from phasewatch.models import ModelConfig
+    from phasewatch.rundir import read_checkpoint
+    from phasewatch.tasks import ModularAddition
+    from phasewatch.trainers.module import TrainModule
+
+    module = TrainModule(task=ModularAddition(p=11, frac_train=0.5), arch=ModelConfig(d_model=16, n_heads=2, d_mlp=32))
+    assert module.hparams["arch"]["d_model"] == 16
+    path = tmp_path / "step=0000000.ckpt"
+    torch.save({"state_dict": module.state_dict(), "global_step": 0, "hyper_parameters": dict(module.hparams)}, path)
+    assert read_checkpoint(path)["hyper_parameters"]["arch"]["d_model"] == 16

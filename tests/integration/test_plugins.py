@@ -97,3 +97,18 @@ def test_a_dotted_name_that_does_not_import_is_one_line(tmp_path, capsys):
     (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("phasewatch:")]
     assert code == 2 and error.startswith("phasewatch: error: probes.names: cannot import 'nolab.probes'")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_plugin_named_like_a_builtin_is_never_swapped_for_it(site, tmp_path, capsys):
+    """`mylab_extra:top_logit` is the plug-in's; a dotted task path is the user's class, even
+    when its class name is one of phasewatch's."""
+    (tmp_path / "clash.py").write_text("def heads(model, task):\n    return {'clash/x': 1.0}\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        code = main(["fit", "--data.task", "ModularAddition", "--data.task.p", "11", "--probes.names", "[clash:heads]",
+                     "--run_dir", str(tmp_path / "run"), "--trainer.max_steps", "5", *TINY])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("clash", None)
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("phasewatch:")]
+    assert code == 2 and "the name 'heads' is taken by the probe of phasewatch.probes.heads" in error
