@@ -9,6 +9,7 @@ Any W&B failure turns into one warning; the run folder still gets every value.
 
 from __future__ import annotations
 
+import math
 import netrc
 import os
 import secrets
@@ -58,9 +59,33 @@ def transition_summary(event: dict) -> dict[str, Any]:
 
 
 class SafeWandbLogger(WandbLogger):
-    """A WandbLogger whose failures become one warning and are then ignored."""
+    """A WandbLogger whose failures become one warning and are then ignored. With `folder`
+    set (an offline training run), a resume replays the run folder's history into W&B
+    (`restore_checkpoint_state`)."""
 
     _failed = False
+    folder: RunFolder | None = None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Kept in each checkpoint, so that resuming from it calls `restore_checkpoint_state`."""
+        return {"replay": self.folder is not None}
+
+    def restore_checkpoint_state(self, state: dict[str, Any], step: int) -> None:
+        """On resume from a checkpoint (after the run folder has cut what followed it): make
+        W&B match the folder. Each process writes a new offline W&B file under the same run
+        id, and `wandb sync` of a later file replaces the history of an earlier one
+        (wandb/wandb#3841), so the new file gets the whole history the folder holds, rows
+        that a kill kept from reaching W&B included, and its events; what came after the
+        checkpoint is logged once, by the resumed training. Online runs keep their history on
+        the server and replay nothing."""
+        if self.folder is None:
+            return
+        for record in self.folder.read_metrics():
+            if isinstance(record.get("step"), int):
+                values = {k: math.nan if v is None else v for k, v in record.items() if k != "step"}
+                self.log_metrics(values, step=record["step"])
+        for event in self.folder.read_events():
+            self.log_event(event)
 
     def _guard(self, fn, *args: Any, **kwargs: Any) -> Any:
         if self._failed:
@@ -130,6 +155,7 @@ def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[st
         name=name, project=project, save_dir=str(store.root), id=run_id, resume="allow", mode=mode,
         config=config, group=group, log_model=False,
     )
+    logger.folder = store if mode == "offline" else None  # a resumed offline run replays the folder's history
     return logger
 
 

@@ -280,3 +280,49 @@ def test_a_module_built_in_python_saves_hyperparameters_that_load_without_code(t
     path = tmp_path / "step=0000000.ckpt"
     torch.save({"state_dict": module.state_dict(), "global_step": 0, "hyper_parameters": dict(module.hparams)}, path)
     assert read_checkpoint(path)["hyper_parameters"]["arch"]["d_model"] == 16
+
+
+def test_wandb_matches_the_run_folder_after_several_kills(tmp_path):
+    """kill -9 three times, each at a random moment, then resume: the newest offline W&B file
+    (the one `wandb sync` leaves standing, as a later file of the same id replaces an earlier
+    one's history) holds exactly the run folder's history, row by row: rows a kill kept from
+    reaching W&B are there, rows after a checkpoint are there once."""
+    import random
+    import signal
+    import subprocess
+    import time
+
+    from phasewatch.rundir import read_jsonl
+
+    from . import wandb_records
+
+    run = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    first = [sys.executable, "-m", "phasewatch", "fit", *[a for a in TINY if a != "--no_wandb"], "--run_dir", str(run),
+             "--trainer.max_steps", "400", "--trainer.val_check_interval", "20", "--trainer.log_every_n_steps", "5",
+             "--checkpoints.last_every", "30", "--checkpoints.schedule.kind", "list", "--checkpoints.schedule.steps", "[0]"]
+    resume = [sys.executable, "-m", "phasewatch", "fit", "--run_dir", str(run), "--ckpt_path", "last"]
+    rng = random.Random(0)
+    for kill, cmd in enumerate([first, resume, resume]):
+        target = 60 + 100 * kill + rng.randrange(40)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl")]
+            if steps and max(steps) >= target:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert subprocess.run(resume, env=env, stdout=subprocess.DEVNULL).returncode == 0
+
+    offline = wandb_records.offline_runs(run)
+    assert len(offline) == 4  # one offline W&B file per process, all with the run's id
+    assert {o.name.rsplit("-", 1)[-1] for o in offline} == {(run / "wandb_id").read_text().strip()}  # killed: unfinished
+    folder_rows = [(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in read_jsonl(run / "metrics.jsonl")]
+    wandb_rows = [(row["trainer/global_step"], {k: v for k, v in row.items()
+                                                if not k.startswith("_") and k not in ("trainer/global_step", "epoch")})
+                  for row in wandb_records.history(offline[-1])]
+    assert max(s for s, _ in folder_rows) == 400
+    assert wandb_rows == folder_rows
