@@ -26,13 +26,14 @@ def offline_runs(run_folder: Path) -> list[Path]:
 
 def read_records(offline_run: Path, wait: float = 30.0) -> list:
     """The run's records, once the file ends with W&B's `exit` record: `finish()` returns
-    to the caller while W&B's service process may still be writing the file."""
+    to the caller (and the process may exit) while W&B's service process may still be
+    creating or writing the file."""
     from google.protobuf.message import DecodeError
 
     deadline = time.monotonic() + wait
     while True:
         try:
-            records = _parse(offline_run)
+            records = _parse(offline_run) if list(Path(offline_run).glob("run-*.wandb")) else []  # not yet created
         except DecodeError:  # a record cut off mid-write
             records = []
         if records and records[-1].WhichOneof("record_type") == "exit":
