@@ -116,6 +116,11 @@ def _line(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(slope), float(intercept)
 
 
+#: a series whose binned values spread less than this fraction of their size is constant: averaging
+#: equal values in bins leaves differences in the last digits (~1e-16 relative), which are no change
+FLAT = 1e-9
+
+
 def detect_transitions(
     steps: Sequence[float], values: Sequence[float], metric: str = "", config: DetectorConfig | None = None
 ) -> list[dict]:
@@ -131,7 +136,7 @@ def detect_transitions(
     raw_noise = np.median(np.abs(np.diff(y))) / (0.6745 * math.sqrt(2)) if len(y) > 2 else 0.0
     noise = raw_noise / math.sqrt(max(np.median(counts), 1.0))
     span = float(np.percentile(yb, 98) - np.percentile(yb, 2))
-    if span <= 0:
+    if span <= FLAT * float(np.max(np.abs(yb))):  # a constant series: what binning leaves is rounding
         return []
     floor = max(noise, 1e-3 * span)
     segs = _segments(tb, yb, cfg.penalty * floor**2 * math.log(len(tb)))

@@ -1,6 +1,8 @@
 """Phase-transition detection on synthetic curves with known change points, and on the
 published per-token losses of 5-digit addition."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,19 @@ def test_live_watcher_waits_for_a_sparse_series_to_go_on_before_reporting(tmp_pa
         reported += watcher.look(trainer, now, final=now == 3000)
     assert [(e["metric"], e["direction"]) for e in reported] == [("llc/estimate", "up")]
     assert 1000 <= reported[0]["midpoint"] <= 2000 and reported[0]["magnitude"] > 200
+
+
+@pytest.mark.parametrize("steps", [list(range(51)), list(range(0, 510, 10)), list(range(0, 3001, 60))])
+def test_a_constant_series_has_no_transition_whatever_its_steps(steps):
+    """Binning equal values leaves last-digit differences (~1e-17 here); they are no change."""
+    for value in (0.12453105357511532, 1e-12, -3.7, 0.0):
+        assert detect_transitions(steps, [value] * len(steps), "c") == []
+
+
+def test_a_small_real_change_on_a_large_baseline_is_still_found():
+    """The flat-series guard is relative: a rise of 1e-6 on a baseline of 1 is a change."""
+    steps = list(range(1, 3001, 10))
+    values = [1.0 + 1e-6 / (1 + math.exp(-(math.log(s) - math.log(300)) * 6)) for s in steps]
+    (event,) = detect_transitions(steps, values, "small")
+    assert event["direction"] == "up" and 150 <= event["midpoint"] <= 600
+    assert event["magnitude"] == pytest.approx(1e-6, rel=0.2)
