@@ -103,8 +103,7 @@ class ScheduledCheckpoints(Checkpoint):
                 raise
             last = path.with_name(LAST_CHECKPOINT)
             root = run_folder(trainer).root
-            raise DiskFull(root, name, last.stat().st_size if last.exists() else None,
-                           f"Free some space, then resume: phasewatch fit --run_dir {root} --ckpt_path last") from None
+            raise DiskFull.in_run(root, name, last.stat().st_size if last.exists() else None) from None
 
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step

@@ -69,6 +69,11 @@ TRAINING = KeyFamilies(
 _FAMILIES: dict[str, KeyFamilies] = {"training": TRAINING}
 
 
+def _hides(hidden: str, key: str) -> bool:
+    """A `hidden` entry takes the exact key, or every key under it when it ends with '/'."""
+    return key == hidden or (hidden.endswith("/") and key.startswith(hidden))
+
+
 def declare_keys(owner: str, families: KeyFamilies) -> None:
     """Record what `owner`'s keys mean (register_probe calls it). ValueError, and nothing
     recorded, when the name is declared already, when the declaration would hide the training
@@ -77,7 +82,7 @@ def declare_keys(owner: str, families: KeyFamilies) -> None:
     if owner in _FAMILIES:
         raise ValueError(f"the keys of {owner!r} are already declared")
     caught = [k for k in TRAINING.headline if (families.detail and re.search(families.detail, k))
-              or any(k == h or (h.endswith("/") and k.startswith(h)) for h in families.hidden)]
+              or any(_hides(h, k) for h in families.hidden)]
     if caught:
         raise ValueError(f"the keys declared for {owner!r} would hide the training loop's {caught}")
     _FAMILIES[owner] = families
@@ -116,7 +121,7 @@ def panels() -> list[Panel]:
 
 def hidden(key: str) -> bool:
     """A key that gets no panel of its own family (when no declared panel takes it)."""
-    return any(key == h or (h.endswith("/") and key.startswith(h)) for f in _FAMILIES.values() for h in f.hidden)
+    return any(_hides(h, key) for f in _FAMILIES.values() for h in f.hidden)
 
 
 def headline_keys() -> list[str]:

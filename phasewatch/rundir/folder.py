@@ -287,9 +287,7 @@ class RunFolder:
         except OSError as err:
             path.unlink(missing_ok=True)
             if is_disk_full(err):
-                raise DiskFull(self.root, f"{probe}/{key} at step {step}", np.asarray(array).nbytes,
-                               f"Free some space, then resume: phasewatch fit --run_dir {self.root} "
-                               "--ckpt_path last") from None
+                raise DiskFull.in_run(self.root, f"{probe}/{key} at step {step}", np.asarray(array).nbytes) from None
             raise
         return path
 

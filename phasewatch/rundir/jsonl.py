@@ -37,9 +37,7 @@ def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
             f.flush()
     except OSError as err:
         if is_disk_full(err):
-            raise DiskFull(Path(path).parent, Path(path).name, len(line),
-                           f"Free some space, then resume: phasewatch fit --run_dir {Path(path).parent} "
-                           "--ckpt_path last") from None
+            raise DiskFull.in_run(Path(path).parent, Path(path).name, len(line)) from None
         raise
 
 
