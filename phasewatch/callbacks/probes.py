@@ -7,11 +7,14 @@ every validation. Scalars go to every logger under the step; arrays are saved in
 folder (`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
 key frequencies, the induction / previous-token heads, the composing head pairs) are
 followed over time (`history`), printed when they change ("when did the induction circuit
-form, and from which heads?"), and kept in checkpoints so they survive a resume.
+form, and from which heads?"), and kept in checkpoints so they survive a resume. Probes
+that compare with the run's initialisation (`Probe.initial`) get a copy of the weights at
+step 0, which checkpoints also keep.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import lightning.pytorch as pl
@@ -53,6 +56,8 @@ class ProbeRunner(pl.Callback):
         self._probes: list = []
         self._own_steps: dict[str, set[int]] = {}
         self._validated_at: int | None = None
+        self._initial = None  # a frozen copy of the model at step 0, for `initial` probes
+        self._initial_state: dict | None = None  # its weights, restored from a checkpoint
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         task = pl_module.task
@@ -98,7 +103,7 @@ class ProbeRunner(pl.Callback):
         if not probes:
             return
         step = trainer.global_step
-        results = measure(pl_module.model, pl_module.task, probes, self.options)
+        results = measure(pl_module.model, pl_module.task, probes, self.options, self._initial_model(pl_module, step))
         scalars = record_results(results, run_folder(trainer), step)
         for values in results.values():
             for key, value in values.items():
@@ -116,23 +121,47 @@ class ProbeRunner(pl.Callback):
             if previous is not None:
                 print(f"phasewatch: step {step}: {key.replace('_', ' ')} {_show(previous)} -> {_show(labels)}")
 
+    def _initial_model(self, pl_module: pl.LightningModule, step: int):
+        """The model at step 0 when a probe wants it: copied at step 0, rebuilt from the
+        checkpoint's copy after a resume; None when neither is there (a run resumed from a
+        checkpoint of an older phasewatch), and the baseline is then left out."""
+        if self._initial is None and any(p.initial for p in self._probes):
+            if self._initial_state is not None:
+                self._initial = _frozen(pl_module.model)
+                self._initial.load_state_dict(self._initial_state)
+            elif step == 0:
+                self._initial = _frozen(pl_module.model)
+        return self._initial
+
     # --- resume -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": {k: [[s, list(v)] for s, v in h] for k, h in self.history.items()}}
+        state: dict[str, Any] = {"history": {k: [[s, list(v)] for s, v in h] for k, h in self.history.items()}}
+        if self._initial is not None:
+            state["initial"] = {k: v.detach().cpu() for k, v in self._initial.state_dict().items()}
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = {k: [(int(s), list(v)) for s, v in h] for k, h in state_dict.get("history", {}).items()}
+        self._initial_state = state_dict.get("initial")
 
 
-def measure(model, task, probes: list, options: dict[str, dict]) -> dict[str, dict[str, Any]]:
+def _frozen(model):
+    """A copy of `model` in eval mode without gradients."""
+    frozen = copy.deepcopy(model).eval()
+    frozen.requires_grad_(False)
+    return frozen
+
+
+def measure(model, task, probes: list, options: dict[str, dict], initial=None) -> dict[str, dict[str, Any]]:
     """Each probe's values on the model (in eval mode, without gradients; its mode is
-    restored afterwards)."""
+    restored afterwards). Probes that want the run's step-0 model get `initial`."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            return {p.name: p(model, task, **options.get(p.name, {})) for p in probes}
+            return {p.name: p(model, task, **options.get(p.name, {}), **({"initial": initial} if p.initial else {}))
+                    for p in probes}
     finally:
         model.train(was_training)
 

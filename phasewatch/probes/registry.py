@@ -6,8 +6,9 @@ docstring lists); anything else (lists, tensors) is an array, saved to the run f
 under `arrays/<probe>/<key>/step=<N>.npy`. Names are unique; `applies_to` says which
 tasks a probe can measure; `cheap` probes may run at every validation; a costly probe
 may name a `schedule` of its own (e.g. {"kind": "log", "count": 24}), used when the run
-does not give it one; `keys` declares what its metric keys mean (probes/keys.py), which is
-all the report, the live detector and `compare` need to know of it.
+does not give it one; an `initial` probe also receives the run's weights at step 0 as
+the keyword `initial` (a baseline; the probe runner and `analyze` pass it); `keys`
+declares what its metric keys mean (probes/keys.py), which is all the report, the live detector and `compare` need to know of it.
 
 Probes of other packages plug in through entry points (group `phasewatch.probes`) or by a
 dotted name, `package.module:name` (phasewatch/plugins.py).
@@ -31,6 +32,7 @@ class Probe:
     cheap: bool = False
     default: bool | Callable[[Task], bool] = True  # run by default on (these of) the tasks it applies to
     schedule: dict | None = None  # its own default schedule (callbacks.schedule.Schedule fields)
+    initial: bool = False  # takes the run's step-0 model as the keyword `initial`
 
     def __call__(self, model, task: Task, **options: Any) -> dict[str, Any]:
         try:
@@ -47,7 +49,7 @@ _PROBES: dict[str, Probe] = {}
 
 def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = False,
                    default: bool | Callable[[Task], bool] = True, schedule: dict | None = None,
-                   keys: KeyFamilies | None = None):
+                   keys: KeyFamilies | None = None, initial: bool = False):
     """Function decorator: register `fn(model, task) -> dict` as probe `name`, its keys
     meaning what `keys` declares."""
 
@@ -57,7 +59,7 @@ def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = 
         if ":" in name:
             raise ValueError(f"probe name {name!r}: ':' separates a module from a name in dotted probe names")
         declare_keys(name, keys or KeyFamilies())
-        _PROBES[name] = Probe(name, fn, applies_to, cheap, default, schedule)
+        _PROBES[name] = Probe(name, fn, applies_to, cheap, default, schedule, initial)
         return fn
 
     return decorate
