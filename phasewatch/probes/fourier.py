@@ -10,7 +10,12 @@ Definitions (docs/reference.md):
 - Fourier basis: orthonormal p x p; row 0 constant / sqrt(p); rows 2k-1, 2k the
   normalised cos and sin of frequency k = 1..(p-1)/2.
 - Key frequencies: the frequencies carrying more than `KEY_FACTOR` times the uniform
-  share of the Fourier-component norm of the neuron-logit map W_L = W_U^T W_out.
+  share of the Fourier-component norm of the neuron-logit map W_L = W_U^T W_out. The
+  probe's option `key_freqs` says whose: each checkpoint's own (the default, and what the
+  live curves of `fit` use), a given list, or "final", those of a finished run's last
+  checkpoint at every checkpoint (the paper's choice, and `phasewatch analyze`'s default;
+  `final_options`). A set that changes between checkpoints makes the restricted and
+  excluded losses jump there; a fixed set does not.
 - Restricted loss: the logits over all p^2 inputs projected onto the directions
   cos(w(a+b)), sin(w(a+b)) of the key frequencies, plus their per-class mean (what a
   constant shift of each output class does), cross-entropy on the test set.
@@ -39,6 +44,8 @@ from phasewatch.tasks.modular_addition import ModularAddition, is_prime
 
 KEY_FACTOR = 2.0  # a key frequency carries > 2x the share it would have if all were equal
 CHUNK = 4096  # inputs per forward pass when evaluating all p^2 inputs
+FINAL = "final"  # key_freqs option: the key frequencies of a finished run's last checkpoint
+KEY_FREQS_FIELD = "probes.options.grokking.key_freqs"
 
 
 def check_modulus(p: int) -> None:
@@ -86,6 +93,38 @@ def key_frequencies(spectrum: Float[Tensor, "n_freq"], factor: float = KEY_FACTO
     return [int(k) + 1 for k in order if share[k] > threshold]
 
 
+def model_key_frequencies(model, p: int) -> list[int]:
+    """The key frequencies of the model's current W_L (`key_frequencies`), strongest first."""
+    return key_frequencies(frequency_norms(neuron_logit_map(model, p)))
+
+
+def check_key_freqs(key_freqs, p: int) -> list[int] | None:
+    """The `key_freqs` option, checked against the modulus: None (each checkpoint's own key
+    frequencies) or a list of distinct whole frequencies 1..(p-1)/2, returned as a list.
+    ConfigError for anything else, "final" included: only an analysis of a finished run
+    knows its last checkpoint (`final_options` turns "final" into that checkpoint's list)."""
+    n = (p - 1) // 2
+    if key_freqs is None:
+        return None
+    if key_freqs == FINAL:
+        raise ConfigError(KEY_FREQS_FIELD, "'final' (the key frequencies of the run's last checkpoint) is not "
+                                           "known while the run trains",
+                          "Leave key_freqs unset during fit (each checkpoint's own), give a list such as [1, 2], or "
+                          "measure with the final ones afterwards: phasewatch analyze RUN_DIR --probes grokking.")
+    if not isinstance(key_freqs, (list, tuple)):
+        raise ConfigError(KEY_FREQS_FIELD, f"expected 'final', a list of frequencies or null, got {key_freqs!r}",
+                          f"Give e.g. [1, 2] (whole numbers 1..{n} for p = {p}), 'final' or null.")
+    bad = [k for k in key_freqs if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n]
+    if bad:
+        raise ConfigError(KEY_FREQS_FIELD, f"{bad} {'is' if len(bad) == 1 else 'are'} not a frequency of p = {p}",
+                          f"Give whole numbers 1..{n}.")
+    repeated = sorted({k for k in key_freqs if list(key_freqs).count(k) > 1})
+    if repeated:
+        raise ConfigError(KEY_FREQS_FIELD, f"{repeated} given more than once in {list(key_freqs)}",
+                          "Give each frequency once.")
+    return list(key_freqs)
+
+
 def hurley_rickard_gini(values: Tensor) -> float:
     """Gini coefficient, components sorted ascending: sum((2k - N - 1) c_k) / (N sum c).
     0 for a constant vector, (N-1)/N for a one-hot one."""
@@ -129,7 +168,7 @@ def training_measure(model, task: ModularAddition, measure: str) -> Tensor:
                           "Use excluded_loss or restricted_loss.")
     p = task.p
     native = native_module(model)
-    freqs = key_frequencies(frequency_norms(neuron_logit_map(model, p)))
+    freqs = model_key_frequencies(model, p)
     logits = grid_logits(native, task)
     key = project(logits, key_directions(p, freqs).to(logits.device))
     pairs = task.train_set().tokens[:, :2].to(logits.device)
@@ -174,7 +213,8 @@ def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None 
     `grok/key_logit_fraction` (share of the logits' non-constant variance in the key
     directions), `grok/n_key_freqs`, `grok/key_freq/<k>` (share of W_L's Fourier norm in
     key frequency k); and, not scalars: `key_freqs` (list), `spectrum` (W_L's norm per
-    frequency). `key_freqs` defaults to those of the current W_L.
+    frequency). `key_freqs` defaults to those of the current W_L; given ones are used as
+    they are (`check_key_freqs` checks an option before it gets here).
     """
     if task.op != "+":
         raise ConfigError("data.task.op", f"the progress measures describe modular addition, not {task.op!r}",
@@ -223,7 +263,29 @@ KEYS = KeyFamilies(
 )
 
 
-@register_probe("grokking", applies_to=_applies, keys=KEYS)
-def grokking_probe(model, task: ModularAddition) -> dict:
-    """The progress measures of `progress_measures` (keys listed there); 1-layer models."""
-    return progress_measures(model, task)
+def final_options(model, task: ModularAddition, options: dict) -> dict:
+    """The probe's options for measuring a finished run (`phasewatch analyze`), given the
+    model with its last checkpoint's weights: `key_freqs` "final", the default there,
+    becomes that checkpoint's key frequencies, used at every checkpoint as Nanda et al.
+    2023 do (the final model's key frequencies, fixed over training); a list is checked;
+    null keeps each checkpoint's own. ConfigError for a bad list."""
+    check_modulus(task.p)
+    key_freqs = options.get("key_freqs", FINAL)
+    if key_freqs == FINAL:
+        key_freqs = model_key_frequencies(model, task.p)
+    return {**options, "key_freqs": check_key_freqs(key_freqs, task.p)}
+
+
+@register_probe("grokking", applies_to=_applies, keys=KEYS, final_options=final_options)
+def grokking_probe(model, task: ModularAddition, key_freqs: str | list[int] | None = None) -> dict:
+    """The progress measures of `progress_measures` (keys listed there); 1-layer models.
+
+    Option `key_freqs` (`--probes.options '{"grokking": {"key_freqs": ...}}'`, or
+    `analyze --options`): null, each checkpoint's own key frequencies (the default during
+    `fit`: the live curves); a list, those frequencies at every checkpoint (`key_freqs` and
+    `grok/key_freq/<k>` then report that list); "final", the key frequencies of the run's
+    last checkpoint at every checkpoint, the default of `phasewatch analyze RUN_DIR`
+    (`final_options`) and refused during `fit`, where the last checkpoint does not exist
+    yet. A bad list is refused (ConfigError naming the field).
+    """
+    return progress_measures(model, task, check_key_freqs(key_freqs, task.p))

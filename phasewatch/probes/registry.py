@@ -7,7 +7,10 @@ under `arrays/<probe>/<key>/step=<N>.npy`. Names are unique; `applies_to` says w
 tasks a probe can measure; `cheap` probes may run at every validation; a costly probe
 may name a `schedule` of its own (e.g. {"kind": "log", "count": 24}), used when the run
 does not give it one; an `initial` probe also receives the run's weights at step 0 as
-the keyword `initial` (a baseline; the probe runner and `analyze` pass it); `keys`
+the keyword `initial` (a baseline; the probe runner and `analyze` pass it); a probe whose
+options for a finished run depend on its last checkpoint (the grokking probe's fixed key
+frequencies) names `final_options(model, task, options) -> options`, which `analyze` calls
+once, with the last checkpoint's weights, before measuring; `keys`
 declares what its metric keys mean (probes/keys.py), which is all the report, the live detector and `compare` need to know of it.
 
 Probes of other packages plug in through entry points (group `phasewatch.probes`) or by a
@@ -33,6 +36,7 @@ class Probe:
     default: bool | Callable[[Task], bool] = True  # run by default on (these of) the tasks it applies to
     schedule: dict | None = None  # its own default schedule (callbacks.schedule.Schedule fields)
     initial: bool = False  # takes the run's step-0 model as the keyword `initial`
+    final_options: Callable[[Any, Task, dict], dict] | None = None  # its options for a finished run
 
     def __call__(self, model, task: Task, **options: Any) -> dict[str, Any]:
         try:
@@ -49,7 +53,8 @@ _PROBES: dict[str, Probe] = {}
 
 def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = False,
                    default: bool | Callable[[Task], bool] = True, schedule: dict | None = None,
-                   keys: KeyFamilies | None = None, initial: bool = False):
+                   keys: KeyFamilies | None = None, initial: bool = False,
+                   final_options: Callable[[Any, Task, dict], dict] | None = None):
     """Function decorator: register `fn(model, task) -> dict` as probe `name`, its keys
     meaning what `keys` declares."""
 
@@ -59,7 +64,7 @@ def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = 
         if ":" in name:
             raise ValueError(f"probe name {name!r}: ':' separates a module from a name in dotted probe names")
         declare_keys(name, keys or KeyFamilies())
-        _PROBES[name] = Probe(name, fn, applies_to, cheap, default, schedule, initial)
+        _PROBES[name] = Probe(name, fn, applies_to, cheap, default, schedule, initial, final_options)
         return fn
 
     return decorate

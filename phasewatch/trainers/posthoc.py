@@ -10,9 +10,13 @@ added to the run's events (without `detected_at`: found offline), replacing earl
 of the same series; the report and `phasewatch phases` then show them with everything else.
 
 Probes get the options the run's config gave them (`probes.options`, e.g. the LLC step
-size calibrated for its model), updated with `options` (`--options`). Each analysis is
-recorded in the folder's list of analyses (probes, the options used, device, steps, time,
-and the id of its W&B run).
+size calibrated for its model), updated with `options` (`--options`), then completed from
+the run's last checkpoint by the probes that say how (`Probe.final_options`: the grokking
+probe's key frequencies are by default those of the last checkpoint, fixed over all
+checkpoints, as Nanda et al. 2023 measure; `{"grokking": {"key_freqs": null}}` gives each
+checkpoint's own, as in training). Each analysis is recorded in the folder's list of
+analyses (probes, the options used, from which checkpoint's step they were completed,
+device, steps, time, and the id of its W&B run).
 
 The values also go to W&B, into a new run beside the training run (`<run>-analyze-<probes>`,
 job type `analyze`, the training run's config, logged against `trainer/global_step` like
@@ -57,6 +61,20 @@ def run_options(config: dict[str, Any], names: list[str], given: dict[str, dict]
     saved = (config.get("probes") or {}).get("options") or {}
     merged = {n: {**(saved.get(n) or {}), **(given.get(n) or {})} for n in names}
     return {n: o for n, o in merged.items() if o}
+
+
+def finished_run_options(module: TrainModule, probes: list, options: dict[str, dict],
+                         last_checkpoint: str | os.PathLike) -> dict[str, dict]:
+    """`options` completed for measuring a finished run: each probe that has
+    `final_options` gets its options through it, with the last checkpoint's weights loaded
+    into `module` (e.g. the grokking probe's key frequencies "final" become that
+    checkpoint's). ConfigError, from the probe, for options it refuses."""
+    finals = [p for p in probes if p.final_options is not None]
+    if not finals:
+        return options
+    load_weights(module, last_checkpoint)
+    return {**options, **{p.name: p.final_options(module.model, module.task, options.get(p.name, {}))
+                          for p in finals}}
 
 
 def load_weights(module: TrainModule, path: str | os.PathLike) -> TrainModule:
@@ -111,6 +129,13 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     if not steps:
         raise ConfigError("run_dir", f"no step checkpoints in {store.checkpoints}",
                           "Train with a checkpoint schedule (the default saves 30 log-spaced ones).")
+    last_step, last = next(reversed(steps.items()))
+    given, options = options, finished_run_options(module, probes, options, last)
+    completed = options != given
+    for name in names:
+        if options.get(name) != given.get(name):
+            print(f"phasewatch: {name} measures every checkpoint with {options[name]} "
+                  f"(from the last checkpoint, step {last_step})")
     store.acquire_lock()
     try:
         first_step, first = next(iter(steps.items()))
@@ -156,7 +181,8 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                 wandb_logger.finalize("success" if ok else "failed")
         # what produced these values (a run's own probes are in its config)
         store.add_analysis({
-            "probes": names, "options": options, "device": str(on), "steps": list(steps), "replace": replace,
+            "probes": names, "options": options, "options_from_step": last_step if completed else None,
+            "device": str(on), "steps": list(steps), "replace": replace,
             "wandb_id": wandb_logger.version if wandb_logger and not wandb_logger.failed else None,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     finally:
