@@ -5,8 +5,14 @@ score(A, B) = ||A B||_F / (||A||_F ||B||_F) with A = W_V W_O of the earlier head
 (row-vector convention) and B = W_Q W_K^T of the later head for Q-composition, its
 transpose for K-composition, and W_V W_O of the later head for V-composition; only
 pairs with layer(l1) < layer(l2). Everything is computed on the factored forms in
-d_head x d_head space, never as d_model x d_model products. LayerNorm (or RMSNorm)
-scales in front of a head are folded into the weights that read through them.
+d_head x d_head space, never as d_model x d_model products. The weights are scored as
+the residual stream sees them, as TransformerLens's weight processing (fold_ln,
+center_writing_weights) leaves them: the LayerNorm (or RMSNorm) scale in front of a head is
+folded into the weights that read through it, and in a LayerNorm model (LN, LNPre), whose
+norm subtracts the mean over d_model, the reading weights (W_Q, W_K, W_V, after folding)
+and the writing weights (W_O) are centred over d_model: their component along the
+all-ones direction, which no later head can see, is removed. RMSNorm does not subtract the
+mean, so nothing is centred there.
 
 Scores of random matrices average 1/sqrt(d_model) whatever d_head (the analytic
 baseline); the empirical baseline samples Gaussian matrices of the model's shapes.
@@ -53,14 +59,26 @@ def composition_matrix(
 
 def head_weights(model) -> dict[str, Tensor]:
     """W_Q, W_K, W_V [layer, head, d_model, d_head] and W_O [layer, head, d_head, d_model]
-    in float64, with each block's ln1 scale folded into the reading weights."""
+    in float64, as the residual stream sees them: each block's ln1 scale folded into the
+    reading weights, then, in a LayerNorm model, every matrix centred over its d_model axis
+    (the reading weights over their rows, W_O over its columns)."""
     w = {name: getattr(model, name).detach().double() for name in ("W_Q", "W_K", "W_V", "W_O")}
     for layer in range(w["W_Q"].shape[0]):
         scale = _ln1_scale(model, layer)
         if scale is not None:
             for name in ("W_Q", "W_K", "W_V"):
                 w[name][layer] = scale[:, None] * w[name][layer]
+    if _ln_centres(model):
+        for name in ("W_Q", "W_K", "W_V"):
+            w[name] = w[name] - w[name].mean(-2, keepdim=True)
+        w["W_O"] = w["W_O"] - w["W_O"].mean(-1, keepdim=True)
     return w
+
+
+def _ln_centres(model) -> bool:
+    """Whether the norm in front of every reader subtracts the mean over d_model
+    (LayerNorm, with or without weights; not RMSNorm, not none)."""
+    return getattr(model.cfg, "normalization_type", None) in ("LN", "LNPre")
 
 
 def _ln1_scale(model, layer: int) -> Tensor | None:

@@ -44,31 +44,22 @@ def test_random_baseline_is_one_over_sqrt_d_model_whatever_d_head():
         assert random_baseline(d_model, d_head) == pytest.approx(1 / math.sqrt(d_model), rel=0.05)
 
 
-@pytest.mark.parametrize("task,arch", [
-    ("induction", ModelConfig(n_layers=3)),
-    ("rasp", ModelConfig(n_layers=2, normalization="LN")),
-])
-def test_scores_agree_with_transformer_lens(task, arch):
-    model = build_model(arch, make_task(task))
-    ours = composition_scores(model)
-    for mode in "QKV":
-        theirs = model.all_composition_scores(mode).scores.double()
-        valid = ~torch.isnan(ours[mode.lower()])
-        assert valid.sum() == (arch.n_layers * (arch.n_layers - 1) // 2) * 16
-        assert torch.allclose(ours[mode.lower()][valid], theirs[valid], atol=1e-5)
-
-
-def test_layernorm_scale_is_folded_into_the_reading_head():
-    model = build_model(ModelConfig(n_layers=2, normalization="LN"), make_task("rasp"))
+@pytest.mark.parametrize("normalization", ["LN", "RMS"])
+def test_norm_scale_is_folded_into_the_reading_head(normalization):
+    model = build_model(ModelConfig(n_layers=2, normalization=normalization), make_task("rasp"))
     before = composition_scores(model)["k"][0, 0, 1, 0]
     with torch.no_grad():
         scale = torch.ones(64)
         scale[:32] = 5.0  # reweights the directions layer 1 reads through
         model.original_model.layers[1].ln1.weight.copy_(scale)
     after = composition_scores(model)["k"][0, 0, 1, 0]
-    w_q = model.W_Q[1, 0].detach().double() * scale.double()[:, None]
-    w_k = model.W_K[1, 0].detach().double() * scale.double()[:, None]
-    a_u, a_v = model.W_V[0, 0].detach().double(), model.W_O[0, 0].detach().double()
+
+    def centred(w, axis):  # LayerNorm subtracts the mean over d_model; RMSNorm does not
+        return w - w.mean(axis, keepdim=True) if normalization == "LN" else w
+
+    w_q = centred(model.W_Q[1, 0].detach().double() * scale.double()[:, None], 0)  # fold, then centre
+    w_k = centred(model.W_K[1, 0].detach().double() * scale.double()[:, None], 0)
+    a_u, a_v = centred(model.W_V[0, 0].detach().double(), 0), centred(model.W_O[0, 0].detach().double(), 1)
     expected = score(a_u, a_v, w_k, w_q.T)  # K-composition reads W_K W_Q^T
     assert float(after) == pytest.approx(expected, rel=1e-9) and float(after) != pytest.approx(float(before))
 
