@@ -32,6 +32,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def in_ci() -> bool:
+    """Whether the tests run in CI: the environment variable CI is set (.ci/run sets it, as CI
+    services do) to anything but "", "0" or "false"."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's headless `chromium` (the path of its program). Where it is missing the browser
+    tests are skipped, except in CI (`in_ci`), where they fail: there a browser that did not
+    install must not pass as a green run."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        missing = "no chromium on PATH (install it: apt-get install -y chromium)"
+        if in_ci():
+            pytest.fail(f"{missing}; CI is set, so the browser tests must run here, not be skipped", pytrace=False)
+        pytest.skip(missing)
+    return path
+
+
 @pytest.fixture
 def reference_dir():
     path = SHARED_REFERENCE / "progress-measures-paper"

@@ -5,10 +5,15 @@ grokking measures, head scores, composition, ...), the detected transitions as s
 bands (from the run's events, or detected now when the run has none), the lead/lag summary
 against val/loss, and the array measurements (composition [L,H,L,H] tensors, head-score
 [L,H] matrices, the grokking spectrum) as heatmaps with a slider over checkpoints (one
-colour range over all checkpoints; log10 for positive values spanning over three decades). The
-data are embedded as JSON and drawn by a small script on <canvas>; nothing is fetched.
-Opening it as `report.html#checkpoint=K` puts every slider at checkpoint K.
-`live=True` adds a meta refresh, for the copy a running training rewrites.
+colour range over all checkpoints; log10 for positive values spanning over three decades).
+Heatmap axes name what they index: heads (`L0H1`) for arrays shaped by the run's model
+(composition rows: the writing head, columns: the reading head in a later layer; head scores:
+layer by head), else the names a probe saves beside the array (`<key>_labels`); pointing at a
+cell shows its names and value. The checkpoint trajectory figure is shown when the run folder
+has one (`phasewatch report` draws it first: trainers/trajectory.py). The data are embedded as
+JSON and drawn by a small script on <canvas>; nothing is fetched. Opening it as
+`report.html#checkpoint=K` puts every slider at checkpoint K. `live=True` adds a meta refresh,
+for the copy a running training rewrites.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from phasewatch.models import head_label
 from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import detect_all, lead_lag
 from phasewatch.report.curves import panel_layout
@@ -31,14 +37,18 @@ LINES = {"trace"}  # the LLC's SGLD chains: loss per sampling step
 
 
 def _arrays(folder: RunFolder) -> dict[str, dict]:
-    """The run's arrays of numeric matrices -> {"<probe>/<key>": {steps, labels, data}}."""
+    """The run's arrays of numeric matrices -> {"<probe>/<key>": {steps, data, rows/cols: names,
+    row_title/col_title}}: names from a sibling `<key>_labels` array, else head names for
+    arrays shaped by the model's heads (`_head_axes`)."""
     out: dict[str, dict] = {}
+    heads = _model_heads(folder)
     for probe, key in folder.array_keys():
-        mats, steps = [], []
+        mats, steps, shape = [], [], None
         for step, f in folder.array_files(probe, key):
             a = np.load(f, allow_pickle=False)
             if a.dtype.kind not in "fiu" or a.ndim not in (1, 2, 3, 4) or a.size == 0:
                 break
+            shape = a.shape
             if a.ndim == 4:  # [layer, head, layer, head] -> (layer*head) x (layer*head)
                 a = a.reshape(a.shape[0] * a.shape[1], a.shape[2] * a.shape[3])
             if a.ndim == 3:  # e.g. [reference head, layer, head] -> reference head x (layer*head)
@@ -51,9 +61,37 @@ def _arrays(folder: RunFolder) -> dict[str, dict]:
             mats.append(cells.tolist())
             steps.append(step)
         if mats and all(np.shape(m) == np.shape(mats[0]) for m in mats):
-            out[f"{probe}/{key}"] = {"steps": steps, "data": mats, **_labels(folder, probe, key, mats[0]),
-                                     "lines": key in LINES}
+            axes = _labels(folder, probe, key, mats[0]) or _head_axes(shape, heads)
+            out[f"{probe}/{key}"] = {"steps": steps, "data": mats, **axes, "lines": key in LINES}
     return out
+
+
+def _model_heads(folder: RunFolder) -> tuple[int, int] | None:
+    """(layers, heads) of the run's model, from its config (None when it does not say)."""
+    try:
+        arch = (folder.read_config().get("model") or {}).get("arch") or {}
+    except Exception:  # noqa: BLE001 - no config, or not one phasewatch wrote: no head names
+        return None
+    n_layers, n_heads = arch.get("n_layers"), arch.get("n_heads")
+    return (n_layers, n_heads) if isinstance(n_layers, int) and isinstance(n_heads, int) else None
+
+
+def _head_axes(shape: tuple[int, ...], heads: tuple[int, int] | None) -> dict:
+    """Axis names of an array shaped by the model's heads: [layer, head, layer, head]
+    (composition: the writing head, whose W_V W_O output is read, then the reading head, in a
+    later layer), [layer, head] (a score per head), [row, layer, head] (columns: heads)."""
+    if heads is None:
+        return {}
+    names = [head_label(layer, head) for layer in range(heads[0]) for head in range(heads[1])]
+    if shape == (*heads, *heads):
+        return {"rows": names, "cols": names, "row_title": "writing head (earlier layer)",
+                "col_title": "reading head (later layer)"}
+    if shape == heads:
+        return {"rows": [f"L{layer}" for layer in range(heads[0])], "cols": [f"H{head}" for head in range(heads[1])],
+                "row_title": "layer", "col_title": "head"}
+    if len(shape) == 3 and shape[1:] == heads:
+        return {"cols": names, "col_title": "head"}
+    return {}
 
 
 def _labels(folder: RunFolder, probe: str, key: str, matrix: list) -> dict:
@@ -212,23 +250,43 @@ function drawLines(name, A) {  // one line per row (e.g. an SGLD chain's loss pe
 }
 function drawArray(name, A) {
   if (A.lines) return drawLines(name, A);
-  const longest = names => Math.max(...names.map(t => t.length));  // margins for row and column names
-  const ml = A.rows ? 6 * longest(A.rows) + 10 : 0, mb = A.cols ? 6 * longest(A.cols) + 10 : 0;
+  const longest = names => Math.max(...names.map(t => t.length));  // margins for row and column names and axis titles
+  const ml = (A.rows ? 6 * longest(A.rows) + 10 : 0) + (A.row_title ? 16 : 0);
+  const mb = (A.cols ? 6 * longest(A.cols) + 10 : 0) + (A.col_title ? 16 : 0);
   const {cv, label, slider} = arrayPanel(name, A, name, 320 + ml, 240 + mb);
+  const readout = el("div", {className: "note", textContent: "\u00a0"}, cv.parentNode);
   const flat = [].concat(...A.data.map(m => [].concat(...m))).filter(v => v !== null && !Number.isNaN(v));
   const [lo, hi] = extent(flat.length ? flat : [0, 1]);
   // positive values over more than three decades (e.g. a Fourier spectrum): colour by log10
   const logScale = lo > 0 && hi / lo > 1e3, c = v => (logScale && v !== null && v > 0 ? Math.log10(v) : v);
+  const rows = A.data[0].length, cols = A.data[0][0].length, cw = (cv.width - ml) / cols, ch = (cv.height - mb) / rows;
+  let hover = null;  // the cell under the pointer: its names and value at the slider's checkpoint
+  function show() {
+    if (!hover) { readout.textContent = "\u00a0"; return; }
+    const [i, j] = hover, v = A.data[+slider.value][i][j];
+    const where = [A.rows && `${A.row_title || "row"} ${A.rows[i]}`, A.cols && `${A.col_title || "column"} ${A.cols[j]}`];
+    readout.textContent = `${where.filter(Boolean).join(", ") || `cell ${i}, ${j}`}: ${v === null ? "none" : (+v).toPrecision(4)}`;
+  }
   function render() {
     const m = A.data[+slider.value], g = cv.getContext("2d");
     g.clearRect(0, 0, cv.width, cv.height);
-    const rows = m.length, cols = m[0].length, cw = (cv.width - ml) / cols, ch = (cv.height - mb) / rows;
     m.forEach((row, i) => row.forEach((v, j) => { g.fillStyle = heatColor(c(v), c(lo), c(hi)); g.fillRect(ml + j * cw, i * ch, Math.ceil(cw), Math.ceil(ch)); }));
     g.fillStyle = "#333"; g.font = "10px sans-serif";
     if (A.rows) { g.textAlign = "right"; A.rows.forEach((t, i) => g.fillText(t, ml - 4, i * ch + ch / 2 + 3)); }
     if (A.cols) A.cols.forEach((t, j) => { g.save(); g.translate(ml + j * cw + cw / 2 + 3, cv.height - mb + 4); g.rotate(Math.PI / 2); g.textAlign = "left"; g.fillText(t, 0, 0); g.restore(); });
+    g.font = "11px sans-serif"; g.textAlign = "center";  // axis titles, in the margins' outer 16 px
+    if (A.row_title) { g.save(); g.translate(12, (cv.height - mb) / 2); g.rotate(-Math.PI / 2); g.fillText(A.row_title, 0, 0); g.restore(); }
+    if (A.col_title) g.fillText(A.col_title, ml + (cv.width - ml) / 2, cv.height - 4);
+    g.textAlign = "left";
     label.textContent = `step ${A.steps[+slider.value]} (checkpoint ${+slider.value + 1} of ${A.steps.length}); colour range ${lo.toPrecision(3)} to ${hi.toPrecision(3)}${logScale ? " (log scale)" : ""}`;
+    show();
   }
+  cv.addEventListener("mousemove", e => {
+    const r = cv.getBoundingClientRect(), x = (e.clientX - r.left) * cv.width / r.width - ml, y = (e.clientY - r.top) * cv.height / r.height;
+    hover = x >= 0 && y >= 0 && y < cv.height - mb ? [Math.min(rows - 1, Math.floor(y / ch)), Math.min(cols - 1, Math.floor(x / cw))] : null;
+    show();
+  });
+  cv.addEventListener("mouseleave", () => { hover = null; show(); });
   slider.addEventListener("input", render); render();
 }
 D.panels.forEach(drawPanel); drawEvents();

@@ -226,13 +226,20 @@ def report_command(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="phasewatch report",
-                                     description="Write the run folder's self-contained HTML report and its curves figure.")
+                                     description="Write the run folder's self-contained HTML report and its curves "
+                                                 "figure (and its checkpoint trajectory, when missing or out of date).")
     parser.add_argument("run_dir")
     parser.add_argument("--out", default=None, help="HTML path (default: the report in the run folder)")
     args = parser.parse_args(argv)
     from phasewatch.report.curves import plot_run
     from phasewatch.report.html import write_report
+    from phasewatch.tasks.base import ConfigError
+    from phasewatch.trainers.trajectory import current_trajectory
 
+    try:
+        current_trajectory(args.run_dir)
+    except ConfigError as err:  # the report is still worth having
+        print(f"phasewatch: no checkpoint trajectory in the report: {err}", file=sys.stderr)
     try:
         print(write_report(args.run_dir, args.out))
         print(plot_run(args.run_dir))

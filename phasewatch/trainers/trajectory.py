@@ -15,7 +15,8 @@ draw such PCA paths of logits and weights over checkpoints).
 
 Writes the run folder's `trajectory` figure and, per kind, the coordinates
 (`RunFolder.trajectory_pca`; rows: checkpoints in step order; columns: step, PC1, PC2);
-the HTML report shows the figure when it exists. Fails with a clear error when the run has fewer than three
+the HTML report shows the figure, and `phasewatch report` draws it when it is missing or out of
+date (`current_trajectory`). Fails with a clear error when the run has fewer than three
 checkpoints.
 """
 
@@ -114,6 +115,29 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
             ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"{folder.root.name}: checkpoint trajectory (PCA)", fontsize=11)
     return save_figure(fig, out or folder.figure("trajectory"))
+
+
+def current_trajectory(run_dir: str | os.PathLike, allow: tuple[str, ...] = ()) -> Path | None:
+    """The run folder's trajectory figure, drawn first (both kinds) when it is missing or its
+    coordinates are not of the run's checkpoints now (a resumed run has more): what `phasewatch
+    report` shows. None when the run has fewer than 3 checkpoints. Raises ConfigError when the
+    run's config cannot be rebuilt (e.g. it names untrusted classes: `allow`)."""
+    folder = RunFolder(run_dir)
+    steps = list(folder.checkpoint_steps())
+    if len(steps) < 3:
+        return None
+    figure = folder.figure("trajectory")
+    if figure.exists() and all(_pca_steps(folder.trajectory_pca(kind)) == steps for kind in KINDS):
+        return figure
+    return plot_trajectory(folder.root, KINDS, allow=allow)
+
+
+def _pca_steps(path: Path) -> list[int] | None:
+    """The steps (first column) of saved trajectory coordinates; None when unreadable."""
+    try:
+        return [int(s) for s in np.load(path, allow_pickle=False)[:, 0]]
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def trajectory_command(argv: list[str]) -> int:
