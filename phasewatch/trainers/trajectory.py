@@ -36,34 +36,42 @@ from phasewatch.trainers.posthoc import load_run_module, load_weights
 KINDS = ("logits", "weights")
 
 
-def checkpoint_vectors(run_dir: str | os.PathLike, kind: str, max_rows: int = 512,
-                       allow: tuple[str, ...] = ()) -> tuple[list[int], np.ndarray]:
-    """(steps, one row per checkpoint) for `kind` "logits" or "weights"."""
-    if kind not in KINDS:
-        raise ConfigError("kind", f"unknown trajectory kind {kind!r}", f"Use one of {', '.join(KINDS)}.")
+def checkpoint_vectors(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, max_rows: int = 512,
+                       allow: tuple[str, ...] = ()) -> tuple[list[int], dict[str, np.ndarray]]:
+    """(steps, {kind: one row per checkpoint}) for the kinds "logits" and/or "weights": the
+    run's model is built once and each checkpoint read once, whatever the kinds."""
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise ConfigError("kind", f"trajectory kinds {list(kinds)!r} are not some of {list(KINDS)}",
+                          f"Use one or more of {', '.join(KINDS)}.")
     steps = RunFolder(run_dir).checkpoint_steps()
     if len(steps) < 3:
         raise ConfigError("run_dir", f"{run_dir} has {len(steps)} saved checkpoints; a trajectory needs at least 3",
                           "Train with a checkpoint schedule (the default keeps 30 log-spaced ones).")
     module = load_run_module(run_dir, allow)
-    batches = module.task.val_batches()
-    rows = []
+    batches = module.task.val_batches() if "logits" in kinds else []
+    rows: dict[str, list[np.ndarray]] = {kind: [] for kind in kinds}
     for path in steps.values():
         load_weights(module, path)
-        if kind == "weights":
-            rows.append(torch.cat([p.detach().flatten().double() for p in module.parameters()]).numpy())
-            continue
-        left, parts = max_rows, []
-        with torch.no_grad():
-            for batch in batches:
-                if left <= 0:
-                    break
-                tokens, mask = batch.tokens[:left], batch.loss_mask[:left]
-                logits = module.model(tokens)[mask].double()
-                parts.append(torch.log_softmax(logits, -1).flatten())
-                left -= len(tokens)
-        rows.append(torch.cat(parts).numpy())
-    return list(steps), np.stack(rows)
+        if "weights" in kinds:
+            rows["weights"].append(torch.cat([p.detach().flatten().double() for p in module.parameters()]).numpy())
+        if "logits" in kinds:
+            rows["logits"].append(_log_probabilities(module, batches, max_rows))
+    return list(steps), {kind: np.stack(r) for kind, r in rows.items()}
+
+
+def _log_probabilities(module, batches, max_rows: int) -> np.ndarray:
+    """The model's log-probabilities at every answer position of the first `max_rows` held-out
+    sequences, flattened."""
+    left, parts = max_rows, []
+    with torch.no_grad():
+        for batch in batches:
+            if left <= 0:
+                break
+            tokens, mask = batch.tokens[:left], batch.loss_mask[:left]
+            logits = module.model(tokens)[mask].double()
+            parts.append(torch.log_softmax(logits, -1).flatten())
+            left -= len(tokens)
+    return torch.cat(parts).numpy()
 
 
 def pca_2d(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,10 +97,10 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
     folder = RunFolder(run_dir)
     series = folder.series()
     events = detect_all({k: series[k] for k in headline_keys() if k in series})
+    steps, vectors = checkpoint_vectors(folder.root, kinds, allow=allow)
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 5.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        steps, rows = checkpoint_vectors(folder.root, kind, allow=allow)
-        coords, ratio = pca_2d(rows)
+        coords, ratio = pca_2d(vectors[kind])
         pca = folder.trajectory_pca(kind)
         pca.parent.mkdir(parents=True, exist_ok=True)
         np.save(pca, np.column_stack([steps, coords]))

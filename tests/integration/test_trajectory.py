@@ -1,7 +1,12 @@
-"""`phasewatch trajectory` on a real run: PCA paths of its checkpoints, in the report."""
+"""Checkpoint trajectories of a real run: drawn by `phasewatch report` (no `phasewatch
+trajectory` needed), redrawn when out of date, and by `phasewatch trajectory` itself."""
+
+import shutil
 
 import numpy as np
+import yaml
 
+from phasewatch.rundir import RunFolder
 from phasewatch.trainers.cli import main
 
 
@@ -10,15 +15,46 @@ def test_trajectory_of_a_run_and_its_place_in_the_report(tmp_path, capsys):
     assert main(["fit", "--data.task.p", "23", "--data.task.frac_train", "0.7", "--trainer.max_steps", "120",
                  "--trainer.val_check_interval", "20", "--probes.names", "[]", "--run_dir", str(run), "--no_wandb",
                  "--trainer.enable_progress_bar", "false"]) == 0
-    checkpoints = sorted(int(p.stem.split("=")[1]) for p in (run / "checkpoints").glob("step=*.ckpt"))
-    assert main(["trajectory", str(run)]) == 0
-    assert (run / "figures" / "trajectory.png").stat().st_size > 20_000
-    for kind in ("logits", "weights"):
-        pca = np.load(run / "arrays" / "trajectory" / kind / "pca.npy")
-        assert pca.shape == (len(checkpoints), 3) and pca[:, 0].tolist() == checkpoints
-        assert np.isfinite(pca).all() and np.abs(pca[:, 1]).max() > 0
+    folder = RunFolder(run)
+    checkpoints = list(folder.checkpoint_steps())
+    figure = run / "figures" / "trajectory.png"
+
+    def coordinates_of(steps, kinds=("logits", "weights")):
+        for kind in kinds:
+            pca = np.load(run / "arrays" / "trajectory" / kind / "pca.npy")
+            assert pca.shape == (len(steps), 3) and pca[:, 0].tolist() == steps
+            assert np.isfinite(pca).all() and np.abs(pca[:, 1]).max() > 0
+
+    # the report draws the trajectory itself
+    assert not figure.exists()
     assert main(["report", str(run)]) == 0
+    assert figure.stat().st_size > 20_000
+    coordinates_of(checkpoints)
     assert "Checkpoint trajectory" in (run / "report.html").read_text()
+    # up to date: kept as it is; out of date (other checkpoints than it shows): drawn again
+    drawn = figure.stat().st_mtime_ns
+    assert main(["report", str(run)]) == 0 and figure.stat().st_mtime_ns == drawn
+    folder.checkpoint_steps()[checkpoints[1]].unlink()
+    assert main(["report", str(run)]) == 0
+    coordinates_of(checkpoints[:1] + checkpoints[2:])
+
+    # a config the report may not rebuild a model from: the report without the trajectory, and why
+    crafted = tmp_path / "crafted"
+    shutil.copytree(run, crafted, ignore=shutil.ignore_patterns("figures", "trajectory", "report.html"))
+    config = yaml.safe_load((crafted / "config.yaml").read_text())
+    config["data"]["task"]["class_path"] = "elsewhere.Task"
+    (crafted / "config.yaml").write_text(yaml.safe_dump(config))
+    capsys.readouterr()
+    assert main(["report", str(crafted)]) == 0
+    assert "phasewatch: no checkpoint trajectory in the report: " in capsys.readouterr().err
+    assert "Checkpoint trajectory" not in (crafted / "report.html").read_text()
+
+    # phasewatch trajectory (one kind: the other's coordinates stay as they were)
+    figure.unlink()
+    (run / "arrays" / "trajectory" / "weights" / "pca.npy").unlink()
+    assert main(["trajectory", str(run), "--kind", "weights"]) == 0
+    assert figure.stat().st_size > 10_000
+    coordinates_of(checkpoints[:1] + checkpoints[2:], ("weights",))
     capsys.readouterr()
     assert main(["trajectory", str(tmp_path / "nothing")]) == 2
     assert "saved checkpoints" in capsys.readouterr().err
