@@ -12,7 +12,8 @@ answer token) and `ablation/<component>/acc` (accuracy with it ablated), where
 <component> is `L<l>H<h>` (head h of layer l, ablated through `hook_z`, before W_O),
 `L<l>.attn` or `L<l>.mlp`. Array: `necessary_components` (those whose ablation costs
 more than `threshold` of accuracy; changes are printed during training).
-Loss and accuracy are summed over the held-out batches token by token, as `val/loss`.
+Loss and accuracy are summed over the held-out batches token by token, as `val/loss` (the
+`val` set only: a length-generalisation run's longer lengths, `val_longer`, are left out).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def ablation_scores(model, task: Task, mode: str = "mean") -> dict[str, dict[str
         raise ConfigError("probes.options.ablation.mode", f"unknown mode {mode!r}", f"Use one of {', '.join(MODES)}.")
     comps = components(model)
     device = next(model.parameters()).device
-    batches = [b.to(device) for b in task.val_batches()]
+    batches = [b.to(device) for b, group in zip(task.val_batches(), task.val_groups()) if group == "val"]
     means = position_means(model, batches, {hook for _, hook, _ in comps}) if mode == "mean" else None
     totals: dict[str, list[float]] = {}
 
@@ -112,7 +113,7 @@ def ablation_scores(model, task: Task, mode: str = "mean") -> dict[str, dict[str
 
 
 def _applies(task: Task) -> bool:
-    return bool(task.val_batches())
+    return "val" in task.val_groups()
 
 
 KEYS = KeyFamilies(

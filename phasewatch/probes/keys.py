@@ -61,8 +61,9 @@ class KeyFamilies:
 #: keys the training loop logs (trainers/module.py): losses, accuracies, the learning rate
 TRAINING = KeyFamilies(
     detail=r"^lr$",
-    panels=(Panel("loss", ("train/loss", "val/loss"), log_y=True), Panel("accuracy", ("train/acc", "val/acc"))),
-    hidden=("lr", "val/seq_acc"),
+    panels=(Panel("loss", ("train/loss", "val/loss", "val_longer/loss"), log_y=True),
+            Panel("accuracy", ("train/acc", "val/acc", "val_longer/acc"))),
+    hidden=("lr", "val/seq_acc", "val_longer/seq_acc"),
     headline=("val/acc", "val/loss", "train/acc", "train/loss"),
 )
 

@@ -15,12 +15,17 @@ own ids), one batch per input length (tracr does not mask padding), at most
   (the uniform attention of `length`). Reported for the best single learned head and
   the best two-head path (A2 A1: layer-b head reading through a layer-a head, a < b).
 - Variable probes: for each categorical RASP variable (by its `.named()` name) and
-  each residual site of the learned model, the held-out accuracy of a linear
-  least-squares classifier (ridge, one-hot targets, bias) trained on half of the
-  inputs of every length and tested on the other half. The same probe on a freshly
-  initialised model of the same architecture is the baseline: length and position are
-  linearly decodable at initialisation (docs/reference.md), so only the excess over the
-  baseline means the model computes a variable.
+  each residual site of the learned model, the held-out accuracy of a linear classifier
+  trained on half of the inputs of every length and tested on the other half: a
+  multinomial logistic regression (the default), or the cheaper ridge least-squares fit
+  to one-hot targets (`classifier="lstsq"`), which underestimates: it cannot single out
+  a class whose direction lies between others' (a value in the middle of a scalar
+  encoding, such as `length` read from the share of attention on BOS) and reads as low as
+  0.6 where the logistic probe reads 1.0. The same probe on the run's own initial
+  weights (step 0; `initial`, given by the probe runner and by `analyze`) is the
+  baseline: length and position are linearly decodable at initialisation
+  (docs/reference.md), so only the excess over the baseline means the model computes a
+  variable.
 - Representational similarity: linear CKA (Kornblith et al. 2019)
   ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) between every learned and every compiled
   residual site (rows: input x position, columns centred).
@@ -40,20 +45,20 @@ a non-causal program, or a program tracr cannot compile.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phasewatch.models import fresh_like
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import Batch, ConfigError, Task
 
-BASELINE_SEED = 12345
+CLASSIFIERS = ("logistic", "lstsq")
 _REFERENCES: dict[tuple, tuple] = {}
-_BASELINES: dict[tuple, dict[str, float]] = {}
+_BASELINES: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[str, float]]]" = weakref.WeakKeyDictionary()
 _LABELS: dict[tuple, dict[str, list[Tensor]]] = {}
 
 
@@ -73,22 +78,61 @@ def linear_cka(x: Float[Tensor, "n d1"], y: Float[Tensor, "n d2"]) -> float:
     return float(torch.linalg.matrix_norm(y.T @ x) ** 2 / denom) if denom > 0 else 0.0
 
 
-def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
-    """Held-out accuracy of a ridge least-squares linear classifier (one-hot targets,
-    standardised features, a bias)."""
+def _standardised(x_train: Tensor, x_test: Tensor) -> tuple[Tensor, Tensor]:
+    """Both sets standardised with the training set's mean and deviation, a bias column added."""
     x_train, x_test = x_train.double(), x_test.double()
     mean, std = x_train.mean(0), x_train.std(0).clamp_min(1e-6)
+    return tuple(torch.cat([(x - mean) / std, torch.ones(len(x), 1, dtype=x.dtype)], 1) for x in (x_train, x_test))
 
-    def design(x: Tensor) -> Tensor:
-        return torch.cat([(x - mean) / std, torch.ones(len(x), 1, dtype=x.dtype)], 1)
 
-    a = design(x_train)
+def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
+    """Held-out accuracy of a ridge least-squares linear classifier (one-hot targets,
+    standardised features, a bias). Cheap, but it underestimates what is linearly
+    decodable: a class between two others along a direction never gets the largest score."""
+    a, test = _standardised(x_train, x_test)
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
     gram = a.T @ a
     gram += ridge * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype)
     weights = torch.linalg.solve(gram, a.T @ targets)
-    return float((design(x_test) @ weights).argmax(-1).eq(y_test).double().mean())
+    return float((test @ weights).argmax(-1).eq(y_test).double().mean())
+
+
+def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
+                            l2: float = 1e-4, max_iter: int = 50) -> float:
+    """Held-out accuracy of a multinomial logistic regression (standardised features, a
+    bias, an L2 penalty of `l2` per weight), fitted by Newton's method with backtracking
+    (to a gradient norm of 1e-8, at most `max_iter` steps): the linear classifier whose
+    decision regions can be any partition that linear scores allow."""
+    a, test = _standardised(x_train, x_test)
+    n, d = a.shape
+    n_classes = int(max(y_train.max(), y_test.max())) + 1
+    targets = torch.nn.functional.one_hot(y_train, n_classes).double()
+
+    def objective(w: Tensor) -> Tensor:
+        return torch.nn.functional.cross_entropy(a @ w, y_train) + l2 * w.square().sum()
+
+    w = torch.zeros(d, n_classes, dtype=a.dtype)
+    value = objective(w)
+    for _ in range(max_iter):
+        p = torch.softmax(a @ w, -1)
+        grad = (a.T @ (p - targets) / n + 2 * l2 * w).flatten()
+        if float(grad.norm()) < 1e-8:
+            break
+        # Hessian of the mean cross-entropy: sum_i (diag(p_i) - p_i p_i^T) (x) x_i x_i^T / n
+        curvature = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # [n, class, class]
+        hessian = ((a[:, :, None] * a[:, None, :]).reshape(n, d * d).T @ curvature.reshape(n, -1) / n)
+        hessian = hessian.reshape(d, d, n_classes, n_classes).permute(0, 2, 1, 3).reshape(d * n_classes, -1)
+        hessian += 2 * l2 * torch.eye(d * n_classes, dtype=a.dtype)
+        direction = torch.linalg.solve(hessian, -grad).reshape(d, n_classes)
+        step = 1.0
+        while step > 1e-6:  # backtracking: take the Newton step, or a fraction of it that lowers the loss
+            candidate = objective(w + step * direction)
+            if candidate <= value + 1e-4 * step * float(grad @ direction.flatten()):
+                break
+            step /= 2
+        w, value = w + step * direction, candidate
+    return float((test @ w).argmax(-1).eq(y_test).double().mean())
 
 
 # --- data ----------------------------------------------------------------------------
@@ -184,9 +228,13 @@ def check_comparable(model, task: Task) -> None:
                           "Use --model.arch.attention bidirectional.")
 
 
-def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], ridge: float) -> dict[str, float]:
+def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], classifier: str = "logistic",
+                    ridge: float = 1e-3) -> dict[str, float]:
     """`<variable>/<site>` -> held-out probe accuracy (train on even, test on odd inputs of
-    every length)."""
+    every length), with the `classifier` ("logistic" or "lstsq", ridge `ridge`)."""
+    if classifier not in CLASSIFIERS:
+        raise ConfigError("probes.options.tracr.classifier", f"unknown classifier {classifier!r}",
+                          f"Use one of {', '.join(CLASSIFIERS)}.")
     labels = variable_labels(task, batches)
     lengths = [b.tokens.shape[1] - 1 for b in batches]
     sizes = [len(b.tokens) for b in batches]
@@ -201,13 +249,12 @@ def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], 
     for name, per_length in labels.items():
         y = torch.cat([t.flatten() for t in per_length])
         for site, x in resid.items():
-            out[f"{name}/{site_name(site)}"] = probe_accuracy(x[train], y[train], x[test], y[test], ridge)
+            if classifier == "lstsq":
+                accuracy = probe_accuracy(x[train], y[train], x[test], y[test], ridge)
+            else:
+                accuracy = logistic_probe_accuracy(x[train], y[train], x[test], y[test])
+            out[f"{name}/{site_name(site)}"] = accuracy
     return out
-
-
-def fresh_model(model, seed: int = BASELINE_SEED):
-    """A newly initialised model of `model`'s architecture (the global RNG is untouched)."""
-    return fresh_like(model, seed).eval()
 
 
 def _applies(task: Task) -> bool:
@@ -225,13 +272,15 @@ KEYS = KeyFamilies(
 )
 
 
-@register_probe("tracr", applies_to=_applies, keys=KEYS)
-def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, cache_dir: str | None = None,
-                baseline: bool = True) -> dict[str, Any]:
+@register_probe("tracr", applies_to=_applies, keys=KEYS, initial=True)
+def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "logistic", ridge: float = 1e-3,
+                cache_dir: str | None = None, baseline: bool = True, initial=None) -> dict[str, Any]:
     """Compare with the compiled model (keys in the module docstring). Options:
-    per_length (inputs per length), ridge, cache_dir (compiled references; default
-    $PHASEWATCH_TRACR_CACHE or ~/.cache/phasewatch/tracr), baseline
-    (also probe a fresh initialisation). Default for RASP tasks with categorical outputs
+    per_length (inputs per length), classifier of the variable probes ("logistic" or the
+    cheaper, underestimating "lstsq" with ridge `ridge`), cache_dir (compiled references;
+    default $PHASEWATCH_TRACR_CACHE or ~/.cache/phasewatch/tracr), baseline (also probe
+    `initial`, the run's weights at step 0, which the probe runner and `analyze` pass;
+    without it there are no baseline keys). Default for RASP tasks with categorical outputs
     (the TransformerLens converter unembeds only categories); the first use of a program
     compiles it (15-60 s), later ones load it from the disk cache."""
     check_comparable(model, task)
@@ -279,16 +328,15 @@ def tracr_probe(model, task: Task, per_length: int = 96, ridge: float = 1e-3, ca
         f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
     out["match_heads"] = labels
 
-    for key, value in variable_probes(task, batches, resid, ridge).items():
+    for key, value in variable_probes(task, batches, resid, classifier, ridge).items():
         out[f"tracr/probe/{key}"] = value
-    if baseline:
-        cache_key = (task.program.name, task.program.vocab, task.program.max_seq_len, per_length, ridge,
-                     repr(sorted((k, str(v)) for k, v in vars(model.cfg).items() if k != "seed")))
-        if cache_key not in _BASELINES:
-            fresh = fresh_model(model)
-            _, _, fresh_resid = _run(fresh, batches, sites)
-            _BASELINES[cache_key] = variable_probes(task, batches, fresh_resid, ridge)
-        for key, value in _BASELINES[cache_key].items():
+    if baseline and initial is not None:
+        per_initial = _BASELINES.setdefault(initial, {})  # computed once per initial model and options
+        options = (task.program.name, task.program.vocab, task.program.max_seq_len, per_length, classifier, ridge)
+        if options not in per_initial:
+            _, _, initial_resid = _run(initial.eval(), batches, sites)
+            per_initial[options] = variable_probes(task, batches, initial_resid, classifier, ridge)
+        for key, value in per_initial[options].items():
             out[f"tracr/probe_baseline/{key}"] = value
 
     matrix = torch.tensor([[linear_cka(resid[s], ref_resid[r]) for r in ref_sites] for s in sites])

@@ -131,6 +131,12 @@ class Task(abc.ABC):
     def val_batches(self) -> list[Batch]:
         """The fixed held-out set, as one or more batches (several when lengths differ)."""
 
+    def val_groups(self) -> list[str]:
+        """The key prefix each of `val_batches()` is reported under, in the same order:
+        "val" (`val/loss`, `val/acc`, ...) for the held-out set. A task may name a second
+        set, as RASP tasks' "val_longer" for lengths longer than any trained on."""
+        return ["val"] * len(self.val_batches())
+
     def default_model(self) -> dict[str, Any]:
         """Architecture defaults for this task (keys of the trainer's ModelConfig)."""
         return {}

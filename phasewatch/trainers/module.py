@@ -3,7 +3,9 @@
 Metric keys logged (DESIGN.md): `train/loss`, `train/acc`, `lr` every logged step;
 at every validation, over the whole held-out set: `val/loss` (mean cross-entropy per
 answer token), `val/acc` (fraction of answer tokens right) and `val/seq_acc` (fraction
-of sequences with every answer token right).
+of sequences with every answer token right). A task that names a second validation set
+(`Task.val_groups`, e.g. RASP's lengths beyond those trained on) gets the same three
+under its own prefix (`val_longer/acc`, ...).
 """
 
 from __future__ import annotations
@@ -233,9 +235,12 @@ class TrainModule(pl.LightningModule):
                  on_epoch=self.trainer.validating, batch_size=1)
 
     def on_validation_epoch_start(self) -> None:
-        # summed over all validation batches (which differ in length for rasp tasks):
-        # loss, answer tokens, correct tokens, whole-answer-correct sequences, sequences
-        self._val_sums = torch.zeros(5, dtype=torch.float64, device=self.device)
+        # per validation set (Task.val_groups), summed over its batches (which differ in
+        # length for rasp tasks): loss, answer tokens, correct tokens, whole-answer-correct
+        # sequences, sequences
+        groups = self.task.val_groups()
+        self._val_group = groups
+        self._val_sums = {g: torch.zeros(5, dtype=torch.float64, device=self.device) for g in dict.fromkeys(groups)}
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         logits = native_module(self.model)(batch.tokens)
@@ -244,16 +249,16 @@ class TrainModule(pl.LightningModule):
         correct = picked.argmax(-1) == targets
         per_pos = torch.ones_like(batch.loss_mask)
         per_pos[batch.loss_mask] = correct
-        self._val_sums += torch.stack([
+        self._val_sums[self._val_group[batch_idx]] += torch.stack([
             F.cross_entropy(picked, targets, reduction="sum").double(), torch.tensor(len(targets), device=self.device),
             correct.sum(), per_pos.all(dim=-1).sum(), torch.tensor(len(batch), device=self.device),
         ]).double()
 
     def on_validation_epoch_end(self) -> None:
-        loss, tokens, correct, seq_ok, seqs = self._val_sums
-        self.log("val/loss", loss / tokens, prog_bar=True)
-        self.log("val/acc", correct / tokens, prog_bar=True)
-        self.log("val/seq_acc", seq_ok / seqs)
+        for group, (loss, tokens, correct, seq_ok, seqs) in self._val_sums.items():
+            self.log(f"{group}/loss", loss / tokens, prog_bar=group == "val")
+            self.log(f"{group}/acc", correct / tokens, prog_bar=group == "val")
+            self.log(f"{group}/seq_acc", seq_ok / seqs)
         self._log_step()
 
     def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int) -> Batch:

@@ -155,8 +155,66 @@ def test_rasp_reverse_values_and_intermediates():
     inter = task.program.intermediates((1, 2, 3, 3))
     assert inter["length"] == [4, 4, 4, 4] and inter["opp_idx"] == [4, 3, 2, 1]
     assert inter["opp_idx-1"] == [3, 2, 1, 0] and inter["reverse"] == [3, 3, 2, 1]
-    # validation covers every input of every length 1..5 (363 inputs), one batch per length
-    assert [len(b) for b in task.val_batches()] == [3, 9, 27, 81, 243]
+    # validation holds out 20% of every length 1..5 (3**n inputs), one batch per length
+    assert [len(b) for b in task.val_batches()] == [1, 2, 5, 16, 49]
+
+
+def _inputs(task, batches):
+    return {xs for b in batches for xs in task.decode(b.tokens)}
+
+
+def test_rasp_validation_is_held_out_from_training():
+    task = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5)
+    held = _inputs(task, task.val_batches())
+    trained = _inputs(task, [task.train_batch(step, 64) for step in range(400)])
+    assert not held & trained
+    for n in range(1, 6):  # the split is exact per length, and training reaches the rest of each length
+        held_n = {xs for xs in held if len(xs) == n}
+        assert len(held_n) == round(0.2 * 3**n)
+        assert all(task.held_out(xs) for xs in held_n)
+        if n <= 3:
+            assert {xs for xs in trained if len(xs) == n} == set(task.all_inputs(n)) - held_n
+    # deterministic: the same seed gives the same split, another seed another one
+    assert _inputs(task, make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5).val_batches()) == held
+    assert _inputs(task, make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5,
+                                   seed=1).val_batches()) != held
+
+
+def test_rasp_a_length_too_small_to_split_is_trained_on_and_said_so():
+    with pytest.warns(UserWarning, match=r"lengths \[1\] have too few inputs"):
+        task = make_task("rasp", program="reverse", vocab=[1, 2], max_seq_len=4)
+    assert task.unsplit_lengths == [1]
+    assert [b.tokens.shape[1] - 1 for b in task.val_batches()] == [2, 3, 4]
+    trained = _inputs(task, [task.train_batch(step, 16) for step in range(100)])
+    assert {(1,), (2,)} <= trained
+    with pytest.raises(ConfigError, match="val_fraction"):
+        make_task("rasp", program="reverse", vocab=[1, 2], max_seq_len=1)
+    with pytest.raises(ConfigError, match="val_fraction"):
+        make_task("rasp", program="reverse", val_fraction=1.0)
+
+
+def test_rasp_lengths_too_many_to_list_are_split_by_score():
+    task = make_task("rasp", program="reverse", vocab=list(range(1, 11)), max_seq_len=6, min_seq_len=6,
+                     n_val_per_length=64)  # 10**6 inputs: beyond MAX_ENUMERATED
+    (val,) = task.val_batches()
+    held = _inputs(task, [val])
+    assert len(held) == 64 and all(task.held_out(xs) for xs in held)
+    trained = [xs for step in range(50) for xs in task.decode(task.train_batch(step, 64).tokens)]
+    assert not any(task.held_out(xs) for xs in trained)
+    drawn = [xs for xs in task.sample_inputs(torch.Generator().manual_seed(0), 6, 4000)]
+    assert abs(sum(map(task.held_out, drawn)) / len(drawn) - 0.2) < 0.03  # the score is uniform
+
+
+def test_rasp_length_generalisation_trains_short_and_validates_longer():
+    task = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=6, train_max_seq_len=4)
+    assert task.n_ctx == 7
+    lengths = {int(task.train_batch(step, 8).extras["length"][0]) for step in range(200)}
+    assert lengths == {1, 2, 3, 4}
+    assert [(b.tokens.shape[1] - 1, g) for b, g in zip(task.val_batches(), task.val_groups())] == [
+        (1, "val"), (2, "val"), (3, "val"), (4, "val"), (5, "val_longer"), (6, "val_longer")]
+    assert [len(b) for b in task.val_batches()[4:]] == [3**5, 3**6]  # every input of an unseen length
+    with pytest.raises(ConfigError, match="train_max_seq_len"):
+        make_task("rasp", program="reverse", max_seq_len=6, train_max_seq_len=7)
 
 
 def test_rasp_bad_input():

@@ -1,0 +1,33 @@
+"""The variable probes' classifiers on known answers: a class in the middle of a scalar
+encoding is decodable by a logistic probe and not by a least-squares one."""
+
+import pytest
+import torch
+
+from phasewatch.probes.tracr_match import logistic_probe_accuracy, probe_accuracy
+
+
+def _length_from_bos_share(n_max: int = 6, repeats: int = 40):
+    """`length` as a model sees it after uniform attention over BOS and the input: the
+    share 1 / (n + 1) on BOS, one scalar per row (two columns: the share and noise-free 1)."""
+    n = torch.arange(1, n_max + 1).repeat(repeats)
+    x = torch.stack([1.0 / (n + 1), torch.zeros(len(n))], 1)
+    return x, n - 1
+
+
+def test_a_middle_class_of_a_scalar_code_is_read_by_the_logistic_probe_only():
+    x, y = _length_from_bos_share()
+    half = len(y) // 2  # every length in both halves
+    assert logistic_probe_accuracy(x[:half], y[:half], x[half:], y[half:]) == 1.0
+    lstsq = probe_accuracy(x[:half], y[:half], x[half:], y[half:])
+    assert lstsq < 0.7  # a linear fit of one-hot targets picks only the extreme classes of one direction
+
+
+@pytest.mark.parametrize("classifier", [logistic_probe_accuracy, probe_accuracy])
+def test_one_hot_codes_are_read_exactly_and_noise_at_chance(classifier):
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 4, (400,), generator=g)
+    one_hot = torch.nn.functional.one_hot(y, 4).double() + 0.01 * torch.randn(400, 4, generator=g, dtype=torch.float64)
+    assert classifier(one_hot[:200], y[:200], one_hot[200:], y[200:]) == 1.0
+    noise = torch.randn(400, 8, generator=g, dtype=torch.float64)
+    assert abs(classifier(noise[:200], y[:200], noise[200:], y[200:]) - 0.25) < 0.12
