@@ -17,18 +17,23 @@ SAVED_CONFIG_FIELDS = ("n_layers", "d_model", "d_head", "n_ctx", "d_vocab", "d_v
                        "act_fn", "attention_dir", "normalization_type")
 
 
-def bridge_from_tracr(compiled) -> tuple[torch.nn.Module, object, dict]:
+def bridge_from_tracr(compiled, output_label: str) -> tuple[torch.nn.Module, object, dict]:
     """`(bridge, cfg, state_dict)` for a tracr-compiled model, converted with
     TransformerLens's tracr converter: the bridge with the converted weights loaded, the
     bridge config it was booted from, and the native module's state dict (not checked here
-    against tracr's own outputs)."""
+    against tracr's own outputs).
+
+    `output_label` is tracr's label of the program's output SOp (`sop.label`, e.g.
+    `shuffle_dyck_1`): the unembedding reads the residual dimensions `<output_label>:<value>`.
+    The converter can guess it only when exactly one variable has the output's value set,
+    which fails for boolean outputs (every boolean variable has the values {False, True})."""
     from transformer_lens.model_bridge import TransformerBridge
     import transformer_lens.model_bridge.sources.native  # noqa: F401  (attaches boot_native)
     from transformer_lens.utilities import tracr as tl_tracr
 
     cfg = tl_tracr.make_tracr_transformer_bridge_config(compiled)
     bridge = TransformerBridge.boot_native(cfg)
-    state = tl_tracr.make_tracr_transformer_bridge_state_dict(compiled)
+    state = tl_tracr.make_tracr_transformer_bridge_state_dict(compiled, output_label)
     bridge.load_state_dict(state, strict=False)
     return bridge, cfg, state
 

@@ -256,7 +256,8 @@ def compile_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="phasewatch compile",
         description="Compile a tracr library program (cached), check the TransformerLens conversion against tracr's "
-                    "own outputs, and print the compiled model's layout.")
+                    "own outputs, and print the compiled model's layout: what each layer writes, and each RASP "
+                    "variable's residual dimensions (with the values a categorical variable's dimensions encode).")
     parser.add_argument("program")
     parser.add_argument("--vocab", default=None, help="JSON list of token values, e.g. '[1, 2, 3]'")
     parser.add_argument("--max-seq-len", type=int, default=None)
@@ -264,7 +265,7 @@ def compile_command(argv: list[str]) -> int:
                         help="compiled-model cache (default: $PHASEWATCH_TRACR_CACHE or ~/.cache/phasewatch/tracr)")
     args = parser.parse_args(argv)
     from phasewatch.tasks.tracr_programs import load_program
-    from phasewatch.probes.compiled import compiled_reference
+    from phasewatch.probes.compiled import compiled_reference, describe_layout
 
     from phasewatch.tasks.base import ConfigError
 
@@ -276,13 +277,9 @@ def compile_command(argv: list[str]) -> int:
         raise ConfigError("vocab", f"--vocab {args.vocab!r} is not a list", "Write e.g. --vocab '[1, 2, 3]'.")
     program = load_program(args.program, vocab, args.max_seq_len)
     _, layout = compiled_reference(program, cache_dir=args.cache_dir)
-    print(f"{program.name}: vocab {list(program.vocab)}, max_seq_len {program.max_seq_len}; "
-          f"{layout['n_layers']} layers, {layout['n_heads']} head(s), d_model {layout['d_model']}, d_mlp {layout['d_mlp']}")
-    for i, layer in enumerate(layout["layers"]):
-        for part in ("attn", "mlp"):
-            info = layer[part]
-            what = "empty" if info["empty"] else "writes " + ", ".join(info["writes"])
-            print(f"  layer {i} {part:4s}: {what}")
+    head, *rest = describe_layout(layout)
+    print(f"{program.name}: vocab {list(program.vocab)}, max_seq_len {program.max_seq_len}; {head}")
+    print("\n".join(rest))
     return 0
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from phasewatch.tasks import ConfigError
-from phasewatch.tasks.tracr_programs import COMPILER_BOS, load_program
-from phasewatch.probes.compiled import compiled_reference
+from phasewatch.tasks.tracr_programs import COMPILER_BOS, PROGRAMS, compile_program, load_program
+from phasewatch.probes.compiled import compiled_reference, reference_from_compiled
 
 
 def outputs(program, bridge):
@@ -52,6 +52,23 @@ def test_cached_reference_loads_without_jax(reverse):
     assert out.strip() == str(bridge(torch.tensor([[3, 0, 1, 2]])).argmax(-1).tolist())
 
 
+def test_a_cache_file_of_the_previous_format_is_not_read(reverse):
+    """The residual table changed what the cache saves: a file under the old key (no
+    format in it) would hold a layout without `residual`, and must not be read."""
+    import hashlib
+
+    from phasewatch.tasks.tracr_programs import tracr_version
+
+    program, _, _, cache = reverse
+    old_key = f"reverse|{list(program.vocab)}|{program.max_seq_len}|{tracr_version()}"
+    old = cache / f"reverse-{hashlib.sha256(old_key.encode()).hexdigest()[:16]}.pt"
+    old.write_bytes(b"a file of the previous format")
+    try:
+        _, layout = compiled_reference(program, cache_dir=str(cache))
+    finally:
+        old.unlink()
+    assert "tokens" in layout["residual"]
+
 def test_numerical_programs_are_refused_clearly():
     with pytest.raises(ConfigError, match="numerical outputs"):
         compiled_reference(load_program("frac_prevs"), cache_dir="/nonexistent")
@@ -84,3 +101,86 @@ def test_other_programs_convert_and_match_tracr_on_every_input(name, tracr_cache
     assert len(got) == 3 + 9 + 27 + 81
     assert all(got[xs] == program.evaluate(xs) for xs in got)
     assert any(not layer["attn"]["empty"] for layer in layout["layers"])
+
+
+def test_layout_tables_each_variables_residual_dimensions(reverse):
+    """Known answer for make_reverse on {1, 2, 3}, lengths 1-5 (tracr orders the residual by
+    label, then value): each variable's dimensions and the values they encode, and the
+    converted weights put them there: token v embeds at tokens' dimension for v (and at
+    `one`, which every token sets), and output class v reads reverse's dimension for v."""
+    program, bridge, layout, _ = reverse
+    table = {name: (entry["dims"], entry["values"]) for name, entry in layout["residual"].items()}
+    assert table == {
+        "indices": ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4]), "length": (list(range(5, 11)), [0, 1, 2, 3, 4, 5]),
+        "length:hidden": ([11], None), "one": ([12], None), "opp_idx-1": (list(range(13, 23)), list(range(-5, 5))),
+        "opp_idx": (list(range(23, 33)), list(range(-4, 6))), "reverse": ([33, 34, 35], [1, 2, 3]),
+        "tokens": ([36, 37, 38, 39, 40], [1, 2, 3, "BOS", "PAD"])}
+    embed, unembed = bridge.W_E.detach(), bridge.W_U.detach()
+    for v, i in program.input_encoding().items():
+        assert embed[i].nonzero().flatten().tolist() == [12, 36 + [1, 2, 3, "BOS", "PAD"].index(v)]
+    for v, i in program.output_encoding().items():
+        assert unembed[:, i].nonzero().flatten().tolist() == [33 + v - 1]
+
+
+def test_compile_command_prints_the_residual_table(reverse, capsys):
+    from phasewatch.trainers.cli import main
+
+    _, _, _, cache = reverse
+    assert main(["compile", "reverse", "--vocab", "[1, 2, 3]", "--max-seq-len", "5", "--cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "residual stream (41 dimensions):" in out
+    lines = {line.split()[0]: line.split()[1:] for line in out.split("residual stream")[1].splitlines()[2:]}
+    assert lines["tokens"] == ["36..40", "1..3,", "BOS,", "PAD"]
+    assert lines["reverse"] == ["33..35", "1..3"] and lines["opp_idx-1"] == ["13..22", "-5..4"]
+    assert lines["length:hidden"] == ["11", "(a", "number)"] and lines["one"] == ["12", "(a", "number)"]
+
+
+def small_version(name):
+    """A listed program at a size that compiles quickly: at most 4 tokens (the first 3 of a
+    larger vocabulary), inputs up to length 4 (3 for sort_unique, whose tokens are distinct)."""
+    spec = PROGRAMS[name]
+    vocab = spec.vocab if len(spec.vocab) <= 4 else spec.vocab[:3]
+    return load_program(name, vocab, min(4, len(vocab)) if spec.unique_tokens else 4)
+
+
+# Every categorical program costs a tracr compile (20-60 s on two busy cores): the default
+# suite keeps shuffle_dyck (a boolean output, which did not convert) and the numerical ones
+# (refused without compiling); reverse, sort and hist are also compiled by the tests above.
+DEFAULT_SUITE = {"shuffle_dyck", "frac_prevs", "pair_balance"}
+
+
+@pytest.mark.parametrize("name", [n if n in DEFAULT_SUITE else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(PROGRAMS)])
+def test_every_listed_program_compiles_converts_and_verifies_or_is_refused(name):
+    """Each program `phasewatch tasks` lists, at a small size: a categorical one compiles,
+    converts, agrees with tracr on every input (reference_from_compiled checks each one
+    and raises on a disagreement) and with RASP on every valid input, and its residual
+    table is tracr's own labelling (`residual_labels`); a numerical one is refused with one
+    line, and so is the tracr probe on its task, before any training."""
+    from phasewatch.probes import get_probe
+    from phasewatch.tasks.rasp import RaspTask
+
+    program = small_version(name)
+    if PROGRAMS[name].numerical_output:
+        assert not program.categorical
+        with pytest.raises(ConfigError, match=f"data.task.program: '{name}' has numerical outputs"):
+            compiled_reference(program, cache_dir="/nonexistent")
+        with pytest.raises(ConfigError, match="probe 'tracr' does not apply"):
+            get_probe("tracr", RaspTask(name, list(program.vocab), program.max_seq_len))
+        return
+    compiled = compile_program(program)
+    bridge, layout, _ = reference_from_compiled(program, compiled)
+    got = outputs(program, bridge)
+    valid = [xs for xs in got if not PROGRAMS[name].unique_tokens or len(set(xs)) == len(xs)]
+    assert valid and all(got[xs] == program.evaluate(xs) for xs in valid)
+
+    labels = list(compiled.residual_labels)
+    assert sorted(d for entry in layout["residual"].values() for d in entry["dims"]) == list(range(len(labels)))
+    for var, sop in program.variables.items():
+        entry = layout["residual"][var]
+        assert [labels[d] for d in entry["dims"]] == [l for l in labels if l == sop.label or l.startswith(sop.label + ":")]
+        if program.is_categorical(var):
+            assert [f"{sop.label}:{v}" for v in entry["values"]] == [labels[d] for d in entry["dims"]]
+            assert set(entry["values"]) == program.value_sets[var] | ({"BOS", "PAD"} if var == "tokens" else set())
+        else:
+            assert entry["values"] is None and len(entry["dims"]) == 1
