@@ -31,7 +31,6 @@ import torch
 from phasewatch.probes.keys import headline_keys
 from phasewatch.rundir import RunFolder
 from phasewatch.tasks.base import ConfigError
-from phasewatch.trainers.posthoc import load_run_module, load_weights
 
 KINDS = ("logits", "weights")
 
@@ -47,6 +46,8 @@ def checkpoint_vectors(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KIND
     if len(steps) < 3:
         raise ConfigError("run_dir", f"{run_dir} has {len(steps)} saved checkpoints; a trajectory needs at least 3",
                           "Train with a checkpoint schedule (the default keeps 30 log-spaced ones).")
+    from phasewatch.trainers.posthoc import load_run_module, load_weights  # lightning: only when drawing
+
     module = load_run_module(run_dir, allow)
     batches = module.task.val_batches() if "logits" in kinds else []
     rows: dict[str, list[np.ndarray]] = {kind: [] for kind in kinds}
