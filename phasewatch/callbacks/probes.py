@@ -127,10 +127,10 @@ class ProbeRunner(pl.Callback):
         checkpoint of an older phasewatch), and the baseline is then left out."""
         if self._initial is None and any(p.initial for p in self._probes):
             if self._initial_state is not None:
-                self._initial = _frozen(pl_module.model)
+                self._initial = frozen_copy(pl_module.model)
                 self._initial.load_state_dict(self._initial_state)
             elif step == 0:
-                self._initial = _frozen(pl_module.model)
+                self._initial = frozen_copy(pl_module.model)
         return self._initial
 
     # --- resume -------------------------------------------------------------------
@@ -146,7 +146,7 @@ class ProbeRunner(pl.Callback):
         self._initial_state = state_dict.get("initial")
 
 
-def _frozen(model):
+def frozen_copy(model):
     """A copy of `model` in eval mode without gradients."""
     frozen = copy.deepcopy(model).eval()
     frozen.requires_grad_(False)

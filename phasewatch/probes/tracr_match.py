@@ -16,16 +16,17 @@ own ids), one batch per input length (tracr does not mask padding), at most
   the best two-head path (A2 A1: layer-b head reading through a layer-a head, a < b).
 - Variable probes: for each categorical RASP variable (by its `.named()` name) and
   each residual site of the learned model, the held-out accuracy of a linear classifier
-  trained on half of the inputs of every length and tested on the other half: a
-  multinomial logistic regression (the default), or the cheaper ridge least-squares fit
-  to one-hot targets (`classifier="lstsq"`), which underestimates: it cannot single out
-  a class whose direction lies between others' (a value in the middle of a scalar
-  encoding, such as `length` read from the share of attention on BOS) and reads as low as
-  0.6 where the logistic probe reads 1.0. The same probe on the run's own initial
-  weights (step 0; `initial`, given by the probe runner and by `analyze`) is the
-  baseline: length and position are linearly decodable at initialisation
-  (docs/reference.md), so only the excess over the baseline means the model computes a
-  variable.
+  trained on half of the inputs of every length and tested on the other half: linear
+  discriminant analysis (the default, `classifier="lda"`), a multinomial logistic
+  regression (`"logistic"`, the maximum-likelihood fit, ~100x the cost), or a ridge
+  least-squares fit to one-hot targets (`"lstsq"`), which underestimates: it cannot
+  single out a class whose representation lies between two others along one direction
+  (a value in the middle of a scalar code, such as `length` read from the share of
+  attention on BOS), and reads as low as 1/3 where the other two read 1.0
+  (tests/unit/test_variable_probes.py). The same probe on the run's own initial weights
+  (step 0; `initial`, given by the probe runner and by `analyze`) is the baseline:
+  length and position are linearly decodable at initialisation (docs/reference.md), so
+  only the excess over the baseline means the model computes a variable.
 - Representational similarity: linear CKA (Kornblith et al. 2019)
   ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) between every learned and every compiled
   residual site (rows: input x position, columns centred).
@@ -56,7 +57,6 @@ from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import Batch, ConfigError, Task
 
-CLASSIFIERS = ("logistic", "lstsq")
 _REFERENCES: dict[tuple, tuple] = {}
 _BASELINES: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[str, float]]]" = weakref.WeakKeyDictionary()
 _LABELS: dict[tuple, dict[str, list[Tensor]]] = {}
@@ -98,12 +98,32 @@ def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Ten
     return float((test @ weights).argmax(-1).eq(y_test).double().mean())
 
 
+def lda_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
+                       shrinkage: float = 1e-3) -> float:
+    """Held-out accuracy of linear discriminant analysis (standardised features; class
+    means, the pooled within-class covariance shrunk by `shrinkage` towards its mean
+    variance plus 1e-6, class priors from the training set): a linear classifier that,
+    unlike a least-squares fit to one-hot targets, can single out a class between two others."""
+    a, test = (x[:, :-1] for x in _standardised(x_train, x_test))
+    n_classes = int(max(y_train.max(), y_test.max())) + 1
+    counts = torch.bincount(y_train, minlength=n_classes).double()
+    present = counts > 0
+    means = torch.zeros(n_classes, a.shape[1], dtype=a.dtype).index_add_(0, y_train, a) / counts.clamp_min(1)[:, None]
+    centred = a - means[y_train]
+    cov = centred.T @ centred / max(1, len(a) - int(present.sum()))
+    cov += (shrinkage * cov.diagonal().mean() + 1e-6) * torch.eye(len(cov), dtype=cov.dtype)
+    weights = torch.linalg.solve(cov, means.T)  # [feature, class]
+    bias = -0.5 * (means * weights.T).sum(-1) + torch.log(counts.clamp_min(1) / counts.sum())
+    scores = (test @ weights + bias).masked_fill(~present, -torch.inf)
+    return float(scores.argmax(-1).eq(y_test).double().mean())
+
+
 def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
                             l2: float = 1e-4, max_iter: int = 50) -> float:
     """Held-out accuracy of a multinomial logistic regression (standardised features, a
-    bias, an L2 penalty of `l2` per weight), fitted by Newton's method with backtracking
-    (to a gradient norm of 1e-8, at most `max_iter` steps): the linear classifier whose
-    decision regions can be any partition that linear scores allow."""
+    bias, an L2 penalty of `l2` per weight): the maximum-likelihood linear classifier.
+    Fitted by Newton's method with backtracking, until the loss changes by less than 1e-9
+    of itself (at most `max_iter` steps); about a hundred times the cost of the others."""
     a, test = _standardised(x_train, x_test)
     n, d = a.shape
     n_classes = int(max(y_train.max(), y_test.max())) + 1
@@ -117,22 +137,26 @@ def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_
     for _ in range(max_iter):
         p = torch.softmax(a @ w, -1)
         grad = (a.T @ (p - targets) / n + 2 * l2 * w).flatten()
-        if float(grad.norm()) < 1e-8:
-            break
         # Hessian of the mean cross-entropy: sum_i (diag(p_i) - p_i p_i^T) (x) x_i x_i^T / n
         curvature = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # [n, class, class]
-        hessian = ((a[:, :, None] * a[:, None, :]).reshape(n, d * d).T @ curvature.reshape(n, -1) / n)
+        hessian = (a[:, :, None] * a[:, None, :]).reshape(n, d * d).T @ curvature.reshape(n, -1) / n
         hessian = hessian.reshape(d, d, n_classes, n_classes).permute(0, 2, 1, 3).reshape(d * n_classes, -1)
         hessian += 2 * l2 * torch.eye(d * n_classes, dtype=a.dtype)
         direction = torch.linalg.solve(hessian, -grad).reshape(d, n_classes)
-        step = 1.0
-        while step > 1e-6:  # backtracking: take the Newton step, or a fraction of it that lowers the loss
+        step, slope = 1.0, float(grad @ direction.flatten())
+        while step > 1e-6:  # backtracking: the Newton step, or a fraction of it that lowers the loss
             candidate = objective(w + step * direction)
-            if candidate <= value + 1e-4 * step * float(grad @ direction.flatten()):
+            if candidate <= value + 1e-4 * step * slope:
                 break
             step /= 2
+        converged = float(value - candidate) < 1e-9 * max(1.0, float(value))
         w, value = w + step * direction, candidate
+        if converged:
+            break
     return float((test @ w).argmax(-1).eq(y_test).double().mean())
+
+
+CLASSIFIERS = {"lda": lda_probe_accuracy, "logistic": logistic_probe_accuracy, "lstsq": probe_accuracy}
 
 
 # --- data ----------------------------------------------------------------------------
@@ -228,11 +252,12 @@ def check_comparable(model, task: Task) -> None:
                           "Use --model.arch.attention bidirectional.")
 
 
-def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], classifier: str = "logistic",
+def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], classifier: str = "lda",
                     ridge: float = 1e-3) -> dict[str, float]:
     """`<variable>/<site>` -> held-out probe accuracy (train on even, test on odd inputs of
-    every length), with the `classifier` ("logistic" or "lstsq", ridge `ridge`)."""
-    if classifier not in CLASSIFIERS:
+    every length), with the `classifier` (a name of CLASSIFIERS; "lstsq" with ridge `ridge`)."""
+    fit = CLASSIFIERS.get(classifier)
+    if fit is None:
         raise ConfigError("probes.options.tracr.classifier", f"unknown classifier {classifier!r}",
                           f"Use one of {', '.join(CLASSIFIERS)}.")
     labels = variable_labels(task, batches)
@@ -249,10 +274,7 @@ def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], 
     for name, per_length in labels.items():
         y = torch.cat([t.flatten() for t in per_length])
         for site, x in resid.items():
-            if classifier == "lstsq":
-                accuracy = probe_accuracy(x[train], y[train], x[test], y[test], ridge)
-            else:
-                accuracy = logistic_probe_accuracy(x[train], y[train], x[test], y[test])
+            accuracy = fit(x[train], y[train], x[test], y[test], **({"ridge": ridge} if classifier == "lstsq" else {}))
             out[f"{name}/{site_name(site)}"] = accuracy
     return out
 
@@ -273,11 +295,11 @@ KEYS = KeyFamilies(
 
 
 @register_probe("tracr", applies_to=_applies, keys=KEYS, initial=True)
-def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "logistic", ridge: float = 1e-3,
+def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda", ridge: float = 1e-3,
                 cache_dir: str | None = None, baseline: bool = True, initial=None) -> dict[str, Any]:
     """Compare with the compiled model (keys in the module docstring). Options:
-    per_length (inputs per length), classifier of the variable probes ("logistic" or the
-    cheaper, underestimating "lstsq" with ridge `ridge`), cache_dir (compiled references;
+    per_length (inputs per length), classifier of the variable probes ("lda", "logistic",
+    or the underestimating "lstsq" with ridge `ridge`), cache_dir (compiled references;
     default $PHASEWATCH_TRACR_CACHE or ~/.cache/phasewatch/tracr), baseline (also probe
     `initial`, the run's weights at step 0, which the probe runner and `analyze` pass;
     without it there are no baseline keys). Default for RASP tasks with categorical outputs

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from phasewatch.callbacks.probes import measure, record_results
+from phasewatch.callbacks.probes import frozen_copy, measure, record_results
 from phasewatch.probes import check_options, get_probe
 from phasewatch.probes.keys import is_detail
 from phasewatch.rundir import RunFolder, is_number, read_checkpoint
@@ -83,6 +83,21 @@ def load_weights(module: TrainModule, path: str | os.PathLike) -> TrainModule:
     truncated or not a phasewatch checkpoint)."""
     module.load_state_dict(read_checkpoint(path, field="checkpoint")["state_dict"])
     return module
+
+
+def initial_model(module: TrainModule, probes: list, steps: dict[int, Any]):
+    """The run's step-0 model, from its step-0 checkpoint, for probes that compare with it
+    (`Probe.initial`, e.g. the tracr probe's baselines); None when no probe wants it, or
+    when the run saved no step-0 checkpoint (said, and those baselines are left out)."""
+    wanting = [p.name for p in probes if p.initial]
+    if not wanting:
+        return None
+    if 0 not in steps:
+        print(f"phasewatch: no step-0 checkpoint: {', '.join(wanting)} measures without "
+              "its baseline on the initial weights")
+        return None
+    load_weights(module, steps[0])
+    return frozen_copy(module.model)
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -138,11 +153,12 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                   f"(from the last checkpoint, step {last_step})")
     store.acquire_lock()
     try:
+        initial = initial_model(module, probes, steps)
         first_step, first = next(iter(steps.items()))
         load_weights(module, first)
-        first_results = measure(module.model, module.task, probes, options)
+        first_results = measure(module.model, module.task, probes, options, initial)
         keys = {k for r in first_results.values() for k in r}
-        existing = {k for record in store.read_metrics() for k in record} & keys
+        existing = same_families({k for record in store.read_metrics() for k in record}, keys)
         # array values are kept per step: old ones at steps this analysis does not measure
         # would mix with the new ones
         old_arrays = [(p, k) for p, r in first_results.items() for k, v in r.items()
@@ -165,7 +181,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                     results = first_results  # measured above
                 else:
                     load_weights(module, path)
-                    results = measure(module.model, module.task, probes, options)
+                    results = measure(module.model, module.task, probes, options, initial)
                 scalars = record_results(results, store, step)
                 if scalars:
                     store.append(store.metrics, {"step": step, **scalars})
@@ -206,6 +222,15 @@ def record_transitions(store: RunFolder, keys: set[str]) -> list[dict]:
         print(f"phasewatch: transition in {event['metric']} ({event['direction']}) from step {event['onset']} "
               f"to {event['end']}, midpoint {event['midpoint']}, magnitude {event['magnitude']:.4g}")
     return events
+
+
+def same_families(old: set[str], new: set[str]) -> set[str]:
+    """The keys of `old` that an analysis measuring `new` replaces: `new`'s own, and the
+    detail keys of the families of its detail keys (e.g. every old `grok/key_freq/<k>` when
+    it measures `grok/key_freq/1`: a set of key frequencies, or heads, that differs from the
+    earlier measurement's must not leave the earlier one's other members beside it)."""
+    families = tuple({k.rpartition("/")[0] + "/" for k in new if is_detail(k) and "/" in k})
+    return {k for k in old if k in new or (is_detail(k) and k.startswith(families))}
 
 
 def _drop_keys(store: RunFolder, keys: set[str]) -> None:

@@ -130,6 +130,11 @@ def test_comparison_during_training_fills_the_run_folder_and_report(tmp_path):
                  "--probes.schedule", '{"kind": "list", "steps": [0, 15, 30, 40]}', "--no_wandb"]) == 0
     (resumed,) = [r for r in read_jsonl(run / "metrics.jsonl") if r["step"] == 40 and "tracr/agreement" in r]
     assert {k: resumed[k.replace("probe", "probe_baseline", 1)] for k in baselines} == baselines
+    # ... and in analyze, which reads the step-0 checkpoint
+    assert main(["analyze", str(run), "--probes", "tracr", "--replace", "--no_wandb"]) == 0
+    analysed = [r for r in read_jsonl(run / "metrics.jsonl") if "tracr/agreement" in r]
+    assert {r["step"] for r in analysed} == {0, 30, 40}
+    assert all({k: r[k.replace("probe", "probe_baseline", 1)] for k in baselines} == baselines for r in analysed)
     arrays = _arrays(RunFolder(run))
     cka = arrays["tracr/cka"]
     assert cka["steps"] == [0, 15, 30, 40] and len(cka["data"][0]) == 5 and len(cka["data"][0][0]) == 9

@@ -1,10 +1,10 @@
 """The variable probes' classifiers on known answers: a class in the middle of a scalar
-encoding is decodable by a logistic probe and not by a least-squares one."""
+encoding is decodable by LDA and logistic probes and not by a least-squares one."""
 
 import pytest
 import torch
 
-from phasewatch.probes.tracr_match import logistic_probe_accuracy, probe_accuracy
+from phasewatch.probes.tracr_match import CLASSIFIERS, lda_probe_accuracy, logistic_probe_accuracy, probe_accuracy
 
 
 def _length_from_bos_share(n_max: int = 6, repeats: int = 40):
@@ -15,15 +15,16 @@ def _length_from_bos_share(n_max: int = 6, repeats: int = 40):
     return x, n - 1
 
 
-def test_a_middle_class_of_a_scalar_code_is_read_by_the_logistic_probe_only():
+def test_a_middle_class_of_a_scalar_code_is_read_by_lda_and_logistic_probes_only():
     x, y = _length_from_bos_share()
     half = len(y) // 2  # every length in both halves
     assert logistic_probe_accuracy(x[:half], y[:half], x[half:], y[half:]) == 1.0
+    assert lda_probe_accuracy(x[:half], y[:half], x[half:], y[half:]) == 1.0
     lstsq = probe_accuracy(x[:half], y[:half], x[half:], y[half:])
     assert lstsq < 0.7  # a linear fit of one-hot targets picks only the extreme classes of one direction
 
 
-@pytest.mark.parametrize("classifier", [logistic_probe_accuracy, probe_accuracy])
+@pytest.mark.parametrize("classifier", list(CLASSIFIERS.values()))
 def test_one_hot_codes_are_read_exactly_and_noise_at_chance(classifier):
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 4, (400,), generator=g)
@@ -31,3 +32,13 @@ def test_one_hot_codes_are_read_exactly_and_noise_at_chance(classifier):
     assert classifier(one_hot[:200], y[:200], one_hot[200:], y[200:]) == 1.0
     noise = torch.randn(400, 8, generator=g, dtype=torch.float64)
     assert abs(classifier(noise[:200], y[:200], noise[200:], y[200:]) - 0.25) < 0.12
+
+
+def test_a_signal_along_one_direction_among_noise_is_read_better_without_masking():
+    g = torch.Generator().manual_seed(1)
+    y = torch.randint(0, 6, (1200,), generator=g)
+    x = torch.randn(1200, 32, generator=g, dtype=torch.float64) + 2.0 * y[:, None] * torch.randn(
+        1, 32, generator=g, dtype=torch.float64)
+    args = x[:600], y[:600], x[600:], y[600:]
+    assert lda_probe_accuracy(*args) > 0.9 and logistic_probe_accuracy(*args) > 0.9
+    assert probe_accuracy(*args) < 0.7
