@@ -46,7 +46,9 @@ def factored_norm_sq(u: Float[Tensor, "... d r"], v: Float[Tensor, "... r d"]) -
 def composition_matrix(
     u1: Float[Tensor, "n1 d r"], v1: Float[Tensor, "n1 r d"], u2: Float[Tensor, "n2 d r"], v2: Float[Tensor, "n2 r d"]
 ) -> Float[Tensor, "n1 n2"]:
-    """score(u1 v1, u2 v2) for every pair: ||u1 (v1 u2) v2|| / (||u1 v1|| ||u2 v2||)."""
+    """score(u1 v1, u2 v2) for every pair: ||u1 (v1 u2) v2|| / (||u1 v1|| ||u2 v2||); 0 where
+    a matrix is zero (a head that writes or reads nothing composes with nothing, e.g. one
+    writing only along the all-ones direction, which LayerNorm's centring removes)."""
     g1 = u1.transpose(-2, -1) @ u1  # (n1, r, r)
     g2 = v2 @ v2.transpose(-2, -1)  # (n2, r, r)
     m = torch.einsum("ard,bds->abrs", v1, u2)  # (n1, n2, r, r)
@@ -54,7 +56,8 @@ def composition_matrix(
     prod = torch.einsum("abji,ajk,abkl,bli->ab", m, g1, m, g2)
     n1 = factored_norm_sq(u1, v1)
     n2 = factored_norm_sq(u2, v2)
-    return (prod.clamp_min(0).sqrt() / (n1.sqrt()[:, None] * n2.sqrt()[None, :]))
+    denominator = n1.clamp_min(0).sqrt()[:, None] * n2.clamp_min(0).sqrt()[None, :]
+    return torch.where(denominator > 0, prod.clamp_min(0).sqrt() / denominator.clamp_min(1e-300), 0.0)
 
 
 def head_weights(model) -> dict[str, Tensor]:

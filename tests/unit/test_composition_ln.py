@@ -83,3 +83,12 @@ def test_scores_agree_with_transformer_lens_processed_weights(task, arch):
     ours = composition_scores(model)
     assert_same_scores(ours, transformer_lens_scores(model))
     assert (~torch.isnan(ours["k"])).sum() == (arch.n_layers * (arch.n_layers - 1) // 2) * 16
+
+
+def test_a_head_writing_only_the_all_ones_direction_composes_with_nothing():
+    model = all_ones_pair("LN")
+    d_model, d_head = model.cfg.d_model, model.cfg.d_head
+    with torch.no_grad():  # exactly along all-ones: LayerNorm's centring leaves a zero matrix
+        model.original_model.layers[0].attn.o.weight[:, :d_head] = torch.ones(d_model, d_head)
+    scores = composition_scores(model)
+    assert all(float(scores[kind][0, 0, 1, 0]) == 0.0 for kind in "qkv")  # not NaN: 0/0 is no composition
