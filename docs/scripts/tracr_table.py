@@ -34,10 +34,12 @@ def summarise(run: str) -> list[str]:
     steps = folder.array_files("tracr", "match_heads")
     heads = [str(h) for h in np.load(steps[-1][1], allow_pickle=False)] if steps else []
     matches = {k.removeprefix("tracr/attn_match/"): v for k, v in last.items() if k.startswith("tracr/attn_match/")}
-    lines.append("attention match: " + "; ".join(
-        f"{ref} {value:.2f} ({next((h.split('=')[1] for h in heads if h.startswith(ref.split('/')[0] + '=')
-                                   and ('>' in h) == ref.endswith('/path')), '?')})"
-        for ref, value in sorted(matches.items())))
+    def best(ref: str) -> str:  # the learned head (or path) that matches compiled head `ref` best
+        head, path = ref.split("/")[0], ref.endswith("/path")
+        return next((h.split("=")[1] for h in heads if h.startswith(head + "=") and (">" in h) == path), "?")
+
+    lines.append("attention match: " + "; ".join(f"{ref} {value:.2f} ({best(ref)})"
+                                                 for ref, value in sorted(matches.items())))
     ablated = {k.split("/")[1]: v for k, v in last.items() if k.startswith("ablation/") and k.endswith("/acc")
                and "." in k.split("/")[1]}
     lines.append("ablated (acc): " + ", ".join(f"{c} {v:.2f}" for c, v in sorted(ablated.items())))

@@ -148,9 +148,26 @@ class PhasewatchCLI(LightningCLI):
         print(f"phasewatch: run folder {self.store.root}")
 
     def after_fit(self) -> None:
-        self.store.release_lock()
+        try:
+            self._draw_trajectory()
+        finally:
+            self.store.release_lock()
         if getattr(self.model, "nonfinite_step", None) is not None:
             sys.exit(1)  # stopped on a NaN/inf loss: a failure for scripts and sweeps
+
+    def _draw_trajectory(self) -> None:
+        """The run's trajectory through its checkpoints (trainers/trajectory.py), drawn once
+        training ends, and the report written again with it."""
+        from phasewatch.report.html import write_report
+        from phasewatch.trainers.trajectory import current_trajectory
+
+        try:
+            drawn = current_trajectory(self.store.root)
+        except ConfigError as err:  # e.g. a config naming classes that may not be rebuilt
+            print(f"phasewatch: no checkpoint trajectory: {err}", file=sys.stderr)
+            return
+        if drawn is not None and self.store.report.exists():
+            write_report(self.store.root)
 
 
 def resolve_arguments(argv: list[str]) -> list[str]:

@@ -1,5 +1,6 @@
-"""Checkpoint trajectories of a real run: drawn by `phasewatch report` (no `phasewatch
-trajectory` needed), redrawn when out of date, and by `phasewatch trajectory` itself."""
+"""Checkpoint trajectories of a real run: drawn at the end of `fit` and by `phasewatch
+report` (no `phasewatch trajectory` needed), redrawn when out of date, and by `phasewatch
+trajectory` itself."""
 
 import shutil
 
@@ -25,8 +26,13 @@ def test_trajectory_of_a_run_and_its_place_in_the_report(tmp_path, capsys):
             assert pca.shape == (len(steps), 3) and pca[:, 0].tolist() == steps
             assert np.isfinite(pca).all() and np.abs(pca[:, 1]).max() > 0
 
+    # fit drew it, and its report shows it
+    assert figure.stat().st_size > 20_000
+    coordinates_of(checkpoints)
+    assert "Checkpoint trajectory" in (run / "report.html").read_text()
     # the report draws the trajectory itself
-    assert not figure.exists()
+    shutil.rmtree(run / "arrays" / "trajectory")
+    figure.unlink()
     assert main(["report", str(run)]) == 0
     assert figure.stat().st_size > 20_000
     coordinates_of(checkpoints)
