@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Iterable
 
 import torch
@@ -268,11 +269,18 @@ def final_options(model, task: ModularAddition, options: dict) -> dict:
     model with its last checkpoint's weights: `key_freqs` "final", the default there,
     becomes that checkpoint's key frequencies, used at every checkpoint as Nanda et al.
     2023 do (the final model's key frequencies, fixed over training); a list is checked;
-    null keeps each checkpoint's own. ConfigError for a bad list."""
+    null keeps each checkpoint's own. ConfigError for a bad list; a warning when the last
+    checkpoint has no key frequency (the run has not formed the Fourier circuit)."""
     check_modulus(task.p)
     key_freqs = options.get("key_freqs", FINAL)
     if key_freqs == FINAL:
         key_freqs = model_key_frequencies(model, task.p)
+        if not key_freqs:
+            warnings.warn("grokking: the last checkpoint has no key frequency (none carries over "
+                          f"{KEY_FACTOR:g}x the uniform share of W_L), so the restricted loss measures constant "
+                          "logits and the excluded loss the full ones; the run has not formed the Fourier circuit. "
+                          'Give key frequencies with --options \'{"grokking": {"key_freqs": [...]}}\' or null '
+                          "for each checkpoint's own.", stacklevel=2)
     return {**options, "key_freqs": check_key_freqs(key_freqs, task.p)}
 
 

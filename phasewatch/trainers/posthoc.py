@@ -226,11 +226,12 @@ def record_transitions(store: RunFolder, keys: set[str]) -> list[dict]:
 
 def same_families(old: set[str], new: set[str]) -> set[str]:
     """The keys of `old` that an analysis measuring `new` replaces: `new`'s own, and the
-    detail keys of the families of its detail keys (e.g. every old `grok/key_freq/<k>` when
-    it measures `grok/key_freq/1`: a set of key frequencies, or heads, that differs from the
-    earlier measurement's must not leave the earlier one's other members beside it)."""
-    families = tuple({k.rpartition("/")[0] + "/" for k in new if is_detail(k) and "/" in k})
-    return {k for k in old if k in new or (is_detail(k) and k.startswith(families))}
+    detail keys under the same namespaces (e.g. every old `grok/key_freq/<k>` and
+    `grok/excluded_loss/<k>` when it measures `grok/...`): a set of key frequencies, or of
+    heads, that differs from the earlier measurement's, or from checkpoint to checkpoint,
+    must not leave the earlier one's other members beside it."""
+    namespaces = tuple({k.partition("/")[0] + "/" for k in new if "/" in k})
+    return {k for k in old if k in new or (is_detail(k) and k.startswith(namespaces))}
 
 
 def _drop_keys(store: RunFolder, keys: set[str]) -> None:

@@ -1,6 +1,7 @@
 """`phasewatch analyze RUN_DIR`: probes over a finished run's checkpoints, into its run
 folder and into a W&B run of its own (read back from the offline transaction log)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,7 +36,8 @@ def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, 
     monkeypatch.setenv("WANDB_MODE", "offline")
     (training,) = wandb_records.offline_runs(trained)
     training_log = next(training.glob("*.wandb")).read_bytes()
-    assert main(["analyze", str(trained), "--probes", "grokking", "--device", "cpu"]) == 0
+    with pytest.warns(UserWarning, match="last checkpoint has no key frequency"):
+        assert main(["analyze", str(trained), "--probes", "grokking", "--device", "cpu"]) == 0
     assert "W&B is offline" in capsys.readouterr().out
 
     added = by_step(r for r in read_jsonl(trained / "metrics.jsonl") if "grok/restricted_loss" in r)
@@ -53,9 +55,13 @@ def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, 
     info = wandb_records.run_info(analysis)
     training_id = (trained / "wandb_id").read_text().strip()
     assert info["name"] == "run-analyze-grokking" and info["job_type"] == "analyze" and info["id"] != training_id
-    assert info["config"]["analyze"] == {"probes": ["grokking"], "options": {}, "training_run_id": training_id}
-    assert info["config"]["model"]["weight_decay"] == 0.1  # the training run's config, to compare runs by
     (record,) = read_jsonl(trained / "analyses.jsonl")
+    # the final checkpoint's key frequencies, fixed over the run (analyze's default; this
+    # small run has none: said with a warning)
+    assert record["options"] == {"grokking": {"key_freqs": []}}
+    assert info["config"]["analyze"] == {"probes": ["grokking"], "options": record["options"],
+                                         "training_run_id": training_id}
+    assert info["config"]["model"]["weight_decay"] == 0.1  # the training run's config, to compare runs by
     assert record["wandb_id"] == info["id"] and record["device"] == "cpu"
     # the training run's own W&B log is left as it was
     assert next(training.glob("*.wandb")).read_bytes() == training_log
@@ -65,6 +71,111 @@ def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, 
     assert len(wandb_records.offline_runs(trained)) == 2
     assert list(read_jsonl(trained / "analyses.jsonl"))[-1]["wandb_id"] is None
     assert by_step(r for r in read_jsonl(trained / "metrics.jsonl") if "grok/restricted_loss" in r) == added
+
+
+def independent_key_frequencies(w_l: np.ndarray) -> list[int]:
+    """Key frequencies of a neuron-logit map (residue x neuron) by numpy's FFT: frequencies
+    1..(p-1)/2 with more than twice the uniform share of the power, strongest first."""
+    p = w_l.shape[0]
+    power = (np.abs(np.fft.rfft(w_l, axis=0)) ** 2).sum(axis=1)[1:(p - 1) // 2 + 1]
+    share = power / power.sum()
+    return [int(k) + 1 for k in np.argsort(-share) if share[k] > 2 / len(share)]
+
+
+def plant_fourier_unembedding(run, path, amplitudes: dict[int, float]) -> None:
+    """Give the checkpoint at `path` an unembedding whose answer classes c lie along
+    sum_k a_k cos(2 pi k c / p) in one residual direction: its W_L then holds exactly the
+    frequencies k, with norms in the ratio of a_k^2."""
+    from phasewatch.trainers.posthoc import load_run_module, load_weights
+
+    module = load_weights(load_run_module(run), path)
+    p = module.task.p
+    c = torch.arange(p, dtype=torch.float32)
+    head = module.model.original_model.head.weight  # (d_vocab_out, d_model): W_U transposed
+    with torch.no_grad():
+        head.zero_()
+        head[:p, 0] = sum(a * torch.cos(2 * np.pi * k * c / p) for k, a in amplitudes.items())
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["state_dict"] = module.state_dict()
+    torch.save(checkpoint, path)
+
+
+def test_analyze_measures_every_checkpoint_with_the_last_checkpoints_key_frequencies(trained, tmp_path, capsys):
+    """The paper's way: the key frequencies of the run's last checkpoint (found here by an
+    FFT of its W_L), used at every checkpoint and recorded in the analysis; null gives
+    each checkpoint's own, as during training. The small run forms no Fourier circuit in
+    its 300 steps, so its last checkpoint gets one: frequencies 2 and 4 (shares 0.55, 0.45
+    of W_L, both over twice the uniform 1/5 at p = 11); the earlier checkpoints have none."""
+    import shutil
+
+    from phasewatch.trainers.posthoc import load_run_module, load_weights
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    checkpoints = sorted((run / "checkpoints").glob("step=*.ckpt"))
+    last_step = int(checkpoints[-1].name[5:12])
+    plant_fourier_unembedding(run, checkpoints[-1], {2: 1.0, 4: 0.9})
+    module = load_weights(load_run_module(run), checkpoints[-1])
+    p = module.task.p
+    w_l = (module.model.W_out[0] @ module.model.W_U[:, :p]).T.detach().double().numpy()
+    expected = independent_key_frequencies(w_l)
+    assert expected == [2, 4]
+
+    assert main(["analyze", str(run), "--probes", "grokking", "--no_wandb", "--replace"]) == 0
+    assert f"with {{'key_freqs': {expected}}} (from the last checkpoint, step {last_step})" in capsys.readouterr().out
+    record = list(read_jsonl(run / "analyses.jsonl"))[-1]
+    assert record["options"] == {"grokking": {"key_freqs": expected}} and record["options_from_step"] == last_step
+    used = sorted((run / "arrays" / "grokking" / "key_freqs").glob("step=*.npy"))
+    assert len(used) == len(checkpoints) and all(np.load(u).tolist() == expected for u in used)
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "grok/restricted_loss" in r]
+    assert len(rows) == len(checkpoints)
+    assert all(r["grok/n_key_freqs"] == 2 and {"grok/key_freq/2", "grok/key_freq/4"} <= set(r) for r in rows)
+
+    # each checkpoint's own (the live default), asked for explicitly
+    assert main(["analyze", str(run), "--probes", "grokking", "--no_wandb", "--replace",
+                 "--options", '{"grokking": {"key_freqs": null}}']) == 0
+    record = list(read_jsonl(run / "analyses.jsonl"))[-1]
+    assert record["options"] == {"grokking": {"key_freqs": None}} and record["options_from_step"] is None
+    own = {int(u.name[5:12]): np.load(u).tolist() for u in (run / "arrays" / "grokking" / "key_freqs").glob("*.npy")}
+    assert own[last_step] == expected and all(v == [] for step, v in own.items() if step != last_step)
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "grok/restricted_loss" in r]
+    assert len(rows) == len(checkpoints)  # the per-frequency keys of the fixed set went with the others
+    assert [r["step"] for r in rows if "grok/key_freq/2" in r] == [last_step]
+
+
+def test_replacing_drops_the_earlier_members_of_a_per_frequency_family():
+    from phasewatch.trainers.posthoc import same_families
+
+    old = {"grok/key_freq/7", "grok/excluded_loss/7", "grok/key_freq/2", "grok/restricted_loss", "val/loss",
+           "heads/induction/L0H1"}
+    grokking = old - {"val/loss", "heads/induction/L0H1"}
+    assert same_families(old, {"grok/key_freq/2", "grok/excluded_loss/2", "grok/restricted_loss"}) == grokking
+    assert same_families(old, {"grok/restricted_loss"}) == grokking  # a first checkpoint without key frequencies
+    assert same_families(old, {"heads/induction/max"}) == {"heads/induction/L0H1"}
+
+
+@pytest.mark.parametrize("options, says", [
+    ('{"grokking": {"key_freqs": [0, 2]}}', "[0] is not a frequency of p = 11"),
+    ('{"grokking": {"key_freqs": [2, 2]}}', "[2] given more than once"),
+    ('{"grokking": {"key_freqs": "last"}}', "expected 'final', a list of frequencies or null")])
+def test_bad_key_frequencies_are_refused_by_analyze_before_anything_is_written(trained, capsys, options, says):
+    before = (trained / "metrics.jsonl").read_bytes(), sorted(p.name for p in trained.rglob("*"))
+    assert main(["analyze", str(trained), "--probes", "grokking", "--replace", "--options", options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "probes.options.grokking.key_freqs" in err
+    assert ((trained / "metrics.jsonl").read_bytes(), sorted(p.name for p in trained.rglob("*"))) == before
+
+
+def test_final_key_frequencies_are_refused_during_fit(tmp_path, capsys):
+    """While a run trains its last checkpoint does not exist: "final" is one line saying
+    what to do instead, not a measurement with some other set."""
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--trainer.max_steps", "4",
+                 "--trainer.enable_progress_bar", "false", "--no_wandb", "--model.arch.d_model", "16",
+                 "--model.arch.d_mlp", "32", "--probes.options", '{"grokking": {"key_freqs": "final"}}']) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "key_freqs: 'final'" in err and "phasewatch analyze RUN_DIR --probes grokking" in err
+    assert not any("grok/" in key for r in read_jsonl(run / "metrics.jsonl") for key in r)
 
 
 def test_replace_leaves_no_array_from_the_earlier_measurement(trained, tmp_path):
