@@ -3,7 +3,7 @@
 Six panels over training (log-step axis): behavioural agreement with the compiled model
 per input length; attention match of each compiled head (best single learned head,
 solid; best two-head path, dashed); each RASP variable's best linear-probe accuracy over
-the learned residual sites, with the fresh-initialisation baseline dotted; accuracy with
+the learned residual sites, with the baseline on the step-0 weights dotted; accuracy with
 each component ablated; and the CKA matrix (learned x compiled residual sites) at the
 first and the last checkpoint. `phasewatch plot RUN_DIR` draws it when the run has
 `tracr/` values (the `tracr` probe, default for RASP tasks).
@@ -84,7 +84,7 @@ def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path 
         ax.plot([max(s, 1) for s in steps], best, color=f"C{i}", label=name, lw=1.6)
         if baselines.get(name):
             ax.axhline(np.max([v[-1] for _, v in baselines[name]]), color=f"C{i}", ls=":", lw=1.2)
-    ax.set_title("variable probes: best site (dotted: fresh-init baseline)", loc="left", fontsize=10)
+    ax.set_title("variable probes: best site (dotted: on the step-0 weights)", loc="left", fontsize=10)
 
     ax = axes[1, 0]
     for i, (component, series) in enumerate(sorted(_by(r"ablation/([^/]+)/acc", data).items())):
