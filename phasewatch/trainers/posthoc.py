@@ -24,7 +24,8 @@ the training run; see `make_analysis_logger`), unless W&B is disabled or the run
 `--no_wandb`. Probes run on `device`: the GPU when there is one, unless told otherwise.
 
 Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
-unknown probe or one that does not apply to the task, options for a probe not being run,
+unknown probe or one that does not apply to the task, options for a probe not being run
+or that the probe refuses (e.g. grokking key frequencies that p does not have),
 a run another process is writing,
 and probes whose keys the run already has, in its metrics or as arrays (pass
 `replace=True` / `--replace` to drop the old values of those keys first, arrays included).
