@@ -37,7 +37,25 @@ phasewatch fit --help lists every configuration flag.
 def _lightning_cli(argv: list[str]) -> None:
     from phasewatch.trainers.lightning_cli import run_lightning_cli
 
-    run_lightning_cli(argv)
+    store = run_lightning_cli(argv)
+    if store is not None:
+        _draw_trajectory(store)
+
+
+def _draw_trajectory(store) -> None:
+    """The run's trajectory through its checkpoints (trainers/trajectory.py), drawn once a
+    fit has ended, and the run's report written again with it."""
+    from phasewatch.report.html import write_report
+    from phasewatch.tasks.base import ConfigError
+    from phasewatch.trainers.trajectory import current_trajectory
+
+    try:
+        drawn = current_trajectory(store.root)
+    except ConfigError as err:  # e.g. a config naming classes that may not be rebuilt
+        print(f"phasewatch: no checkpoint trajectory: {err}", file=sys.stderr)
+        return
+    if drawn is not None and store.report.exists():
+        write_report(store.root)
 
 
 def list_tasks() -> None:

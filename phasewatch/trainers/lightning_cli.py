@@ -148,26 +148,9 @@ class PhasewatchCLI(LightningCLI):
         print(f"phasewatch: run folder {self.store.root}")
 
     def after_fit(self) -> None:
-        try:
-            self._draw_trajectory()
-        finally:
-            self.store.release_lock()
+        self.store.release_lock()
         if getattr(self.model, "nonfinite_step", None) is not None:
             sys.exit(1)  # stopped on a NaN/inf loss: a failure for scripts and sweeps
-
-    def _draw_trajectory(self) -> None:
-        """The run's trajectory through its checkpoints (trainers/trajectory.py), drawn once
-        training ends, and the report written again with it."""
-        from phasewatch.report.html import write_report
-        from phasewatch.trainers.trajectory import current_trajectory
-
-        try:
-            drawn = current_trajectory(self.store.root)
-        except ConfigError as err:  # e.g. a config naming classes that may not be rebuilt
-            print(f"phasewatch: no checkpoint trajectory: {err}", file=sys.stderr)
-            return
-        if drawn is not None and self.store.report.exists():
-            write_report(self.store.root)
 
 
 def resolve_arguments(argv: list[str]) -> list[str]:
@@ -311,17 +294,19 @@ TRAINER_DEFAULTS = dict(  # with the other defaults: the quickstart run
 )
 
 
-def run_lightning_cli(argv: list[str]) -> None:
-    """Run `phasewatch fit|validate ...` (argv without the program name)."""
+def run_lightning_cli(argv: list[str]) -> RunFolder | None:
+    """Run `phasewatch fit|validate ...` (argv without the program name); the run folder
+    that `fit` trained in."""
     saved_argv = sys.argv
     sys.argv = ["phasewatch", *argv]  # LightningCLI reads sys.argv; `main(argv)` may be called from Python
     try:
-        PhasewatchCLI(
+        cli = PhasewatchCLI(
             TrainModule, TaskDataModule, save_config_callback=None, trainer_defaults=TRAINER_DEFAULTS,
             seed_everything_default=0, auto_configure_optimizers=False, parser_kwargs=PARSER_KWARGS,
         )
     finally:
         sys.argv = saved_argv
+    return getattr(cli, "store", None) if cli.subcommand == "fit" else None
 
 
 

@@ -23,6 +23,7 @@ checkpoints.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +100,14 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
     series = folder.series()
     events = detect_all({k: series[k] for k in headline_keys() if k in series})
     steps, vectors = checkpoint_vectors(folder.root, kinds, allow=allow)
+    finite = np.all([np.isfinite(vectors[kind]).all(1) for kind in kinds], 0)
+    if not finite.all():  # a run that skipped non-finite steps can still save non-finite weights
+        print(f"phasewatch: the trajectory leaves out the checkpoints with non-finite values: steps "
+              f"{[s for s, ok in zip(steps, finite) if not ok]}", file=sys.stderr)
+        if finite.sum() < 3:
+            raise ConfigError("checkpoints", f"only {int(finite.sum())} checkpoints hold finite values",
+                              "A trajectory needs 3; lower the learning rate if the weights overflow.")
+        steps, vectors = [s for s, ok in zip(steps, finite) if ok], {k: v[finite] for k, v in vectors.items()}
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 5.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
         coords, ratio = pca_2d(vectors[kind])
