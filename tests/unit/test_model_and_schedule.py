@@ -54,8 +54,9 @@ def test_fresh_like_is_seeded_by_its_argument_and_leaves_the_global_rng_alone():
 def test_rasp_reverse_gets_a_bidirectional_model_with_its_own_output_vocabulary():
     task = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5)
     model = build_model(ModelConfig(d_model=32, n_heads=2), task)
-    out = model(task.val_batches()[-1].tokens)
-    assert out.shape == (243, 6, 3)  # output classes = the three values
+    tokens = task.val_batches()[-1].tokens  # the held-out fifth of the 3^5 inputs of length 5
+    out = model(tokens)
+    assert tokens.shape == (49, 6) and out.shape == (49, 6, 3)  # output classes = the three values
     pattern = model.run_with_cache(task.val_batches()[-1].tokens[:2])[1]["blocks.0.attn.hook_pattern"]
     assert torch.all(pattern[:, :, 0, 1:] > 0)  # BOS position sees later positions
 
