@@ -21,7 +21,8 @@ from phasewatch.rundir import RunFolder, Series, series_from_records
 @runtime_checkable
 class EventLogger(Protocol):
     """A logger that records phase-transition events ({"metric", "direction", "onset",
-    "midpoint", "end", "magnitude", "detected_at"}: the README's run-folder section)."""
+    "midpoint", "end", "magnitude", "detected_at", "kind", "steepest", "snr", "confidence"}:
+    the README's run-folder section, docs/phases.md)."""
 
     def log_event(self, event: dict[str, Any]) -> None: ...
 

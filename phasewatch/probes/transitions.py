@@ -6,22 +6,45 @@ spread over orders of magnitude of steps):
 1. t = log10(step) for steps >= 1. Values stay linear by default, so a loss's transition
    is where most of its value goes (`log_values=True` works in log10 of the value, which
    also finds the later drops of a loss by orders of magnitude).
-2. The points are averaged into bins of equal width in t (so dense late logging does not
-   outweigh sparse early logging) and the noise is estimated robustly (median absolute
-   first difference).
-3. Optimal partitioning into straight-line segments with a penalty per segment (dynamic
-   programming; the penalty scales with the noise and log n), which found the 10-90%
-   rise of synthetic grokking curves within a few checkpoints in docs/reference.md's test.
-4. A transition grows from the steepest segment over neighbours that move the same way
-   and are comparably steep (at least 1/`steepness` of its slope); it counts when its
-   total change is large against both the noise and the series' own range and it takes
-   up at most half of the run's log-time. A jump of the same size between two segments
-   (a change between two logged points) is a transition too. Flat curves and slow
-   drifts (one long, gentle segment) give no event.
+2. The points are averaged into bins of equal width in t, each bin weighted by its number of
+   points (dense late logging counts as the evidence it is, without its bins outweighing
+   sparse early ones point for point). The noise of one point is estimated robustly from
+   each point's residual against the line through its two neighbours (the curve's slope does
+   not enter; a sharp change affects only a few points).
+3. The series is modelled as a straight line in t (a steady trend) plus steps: logistic
+   curves in t, `A / (1 + exp(-(t - c) / w))`, each a rise or fall of A centred at step
+   10^c whose 10-90% part lasts 2 w ln 9 decades. Steps are added one at a time, each the
+   centre and width (from a grid: every bin and between bins; widths from a step between two
+   logged points to `max_duration` of the run) that most reduces the weighted squared residual, while
+   that reduction exceeds `penalty` x log(bins) noise variances (a BIC-like price for the
+   step's three parameters); then each step's centre and width are re-chosen once given the
+   others. If the bins scatter about the model more than independent noise of the estimated
+   size allows (noise correlated from point to point, as in real training curves), the noise
+   is raised to what the bins show and the model is chosen again.
+4. Overlapping steps moving the same way at comparable speeds (within `steepness`) are one
+   transition (a lopsided change takes two steps). It counts when
+   - its level change (the sum of its steps' heights) stands out of the noise: `min_snr`
+     standard errors, from the least-squares fit, with the noise of the points around it
+     where they scatter more than the series as a whole;
+   - it is at least `min_range_fraction` of the range of the fitted curve;
+   - it takes at most `max_duration` of the run's log-time, from 10% to 90%;
+   - it has ended: the series goes on past its 90% point (by a tenth of its duration), or on
+     past its midpoint (5 points, a third of its duration) and at the last point it moves
+     `LEVELLING` times slower than at its steepest. A change that runs into the end of
+     the series at full speed cannot be told from a trend (live: from a transition still
+     under way) until the series goes on past it.
+   What fails only the last two tests, and a steady trend that moves the series by
+   `min_range_fraction` of its range, is reported as a trend (only with `trends=True`:
+   `kind: "trend"`).
 
-Each transition is reported as the event of DESIGN.md: metric, direction ("down"/"up"),
-onset, midpoint (where the curve crosses half of the change), end, magnitude (the change
-in the series' own units), all in training steps.
+Each transition is the event of DESIGN.md: metric, direction ("down"/"up"), onset, midpoint,
+end (where the transition's fitted curve passes 10%, 50% and 90% of its change), magnitude
+(the change, in the series' own units; a trend or neighbouring transition is not part of
+it), all in training steps; plus `kind`, `steepest` (where the fitted curve moves fastest in
+log-step time: the midpoint for one symmetric step, elsewhere for a lopsided change), `snr`
+(the change over its standard error) and `confidence` (the probability, under Gaussian noise
+of the estimated size, that the change would pass the noise and size tests again: 0.5 at the
+threshold, 0.99 at 2.3 standard errors beyond it).
 """
 
 from __future__ import annotations
@@ -35,27 +58,49 @@ import numpy as np
 
 @dataclasses.dataclass
 class DetectorConfig:
-    """Tuning of `detect_transitions`; the defaults pass the synthetic tests in
-    tests/unit/test_transitions.py (sigmoids found, flat noise and drift left alone).
+    """Tuning of `detect_transitions`; the defaults are measured in bench/detector.py
+    (bench/README.md) and pass the known-answer tests of tests/unit/test_transitions.py.
 
     Attributes:
         bins: number of equal-width bins in log-step time.
-        penalty: cost of one more segment, in units of noise variance x log(bins).
-        min_noise_multiple: a transition moves by at least this many noise levels.
-        min_range_fraction: ... and by at least this fraction of the series' range.
-        steepness: ... and is this many times steeper than the segments beside it.
-        max_duration: ... and lasts at most this fraction of the run's log-time.
+        penalty: the reduction in squared residual a step must buy, in noise variances x log(bins).
+        min_snr: a transition's change is at least this many standard errors...
+        min_range_fraction: ... and at least this fraction of the fitted curve's range.
+        steepness: steps in one transition are at most this many times steeper than one another
+            (a slow decline after a drop is not part of the drop).
+        max_duration: a transition's 10-90% part lasts at most this fraction of the run's log-time.
+        max_steps: at most this many steps are fitted to one series.
         log_values: False (default), True (log10 of the values), or "auto" (log10 for
             positive series spanning two or more decades).
     """
 
     bins: int = 200
-    penalty: float = 12.0
-    min_noise_multiple: float = 8.0
+    penalty: float = 3.0
+    min_snr: float = 5.0
     min_range_fraction: float = 0.3
-    steepness: float = 2.5
+    steepness: float = 6.0
     max_duration: float = 0.5
+    max_steps: int = 8
     log_values: str | bool = False
+
+
+#: a series whose binned values spread less than this fraction of their size is constant: averaging
+#: equal values in bins leaves differences in the last digits (~1e-16 relative), which are no change
+FLAT = 1e-9
+#: the smallest noise assumed, as a fraction of the series' range (a clean curve is still fitted
+#: with a finite number of steps)
+NOISE_FLOOR = 2e-3
+#: a change running past the end of the series has ended when it moves this many times slower
+#: there than at its steepest (a logistic step is then ~90% done)
+LEVELLING = 3.0
+#: the 10-90% part of a logistic step lasts this many widths
+SPAN = 2 * math.log(9)
+#: step widths tried: from this fraction of the bin spacing (a step between two logged points) ...
+NARROWEST = 0.15
+#: ... to a 10-90% part of this fraction of `max_duration` of the run's log-time, in this many
+#: geometric steps (wider steps would stand in for several transitions and the plateaus between
+#: them; a slower change is fitted as overlapping steps, and a steady one as the line)
+WIDEST, N_WIDTHS = 0.5, 14
 
 
 def _prepare(steps: Sequence[float], values: Sequence[float], log_values) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -67,200 +112,338 @@ def _prepare(steps: Sequence[float], values: Sequence[float], log_values) -> tup
     s, v = s[order], v[order]
     use_log = log_values is True or (
         log_values == "auto" and len(v) > 0 and np.all(v > 0) and np.max(v) / np.min(v) >= 100)
-    return np.log10(s), (np.log10(v) if use_log else v), use_log
+    if use_log:
+        keep = v > 0
+        s, v = s[keep], np.log10(v[keep])
+    return np.log10(s), v, use_log
 
 
 def _bin(t: np.ndarray, y: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Means of t and y in equal-width bins of t, and the number of points in each (empty bins dropped)."""
     edges = np.linspace(t[0], t[-1] + 1e-12, n_bins + 1)
     idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, n_bins - 1)
     counts = np.bincount(idx, minlength=n_bins)
     ok = counts > 0
     tb = np.bincount(idx, weights=t, minlength=n_bins)[ok] / counts[ok]
     yb = np.bincount(idx, weights=y, minlength=n_bins)[ok] / counts[ok]
-    return tb, yb, counts[ok]
+    return tb, yb, counts[ok].astype(float)
 
 
-def _segments(t: np.ndarray, y: np.ndarray, penalty: float, min_len: int = 3) -> list[tuple[int, int]]:
-    """Optimal partition of the points into [i, j) segments with a straight-line fit each."""
-    n = len(t)
-    c = [np.concatenate([[0.0], np.cumsum(a)]) for a in (np.ones(n), t, y, t * t, t * y, y * y)]
-
-    def sse(i: int, j: int) -> float:
-        k, st, sy, stt, sty, syy = (a[j] - a[i] for a in c)
-        var_t = stt - st * st / k
-        cov = sty - st * sy / k
-        res = syy - sy * sy / k - (cov * cov / var_t if var_t > 1e-18 else 0.0)
-        return max(res, 0.0)
-
-    best = np.full(n + 1, np.inf)
-    best[0] = -penalty
-    prev = np.zeros(n + 1, dtype=int)
-    for j in range(min_len, n + 1):
-        for i in range(0, j - min_len + 1):
-            if not np.isfinite(best[i]):
-                continue
-            cost = best[i] + sse(i, j) + penalty
-            if cost < best[j]:
-                best[j], prev[j] = cost, i
-    cuts, j = [], n
-    while j > 0:
-        cuts.append((prev[j], j))
-        j = prev[j]
-    return cuts[::-1]
+def _point_residuals(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each interior point against the line through its two neighbours, scaled to one point's
+    noise (the residual's variance is sigma^2 (1 + a^2 + b^2) for the interpolation weights
+    a, b); with the points' t."""
+    if len(y) < 3:
+        return np.zeros(0), np.zeros(0)
+    gap = t[2:] - t[:-2]
+    a = np.where(gap > 0, (t[2:] - t[1:-1]) / np.where(gap > 0, gap, 1.0), 0.5)
+    return t[1:-1], (y[1:-1] - a * y[:-2] - (1 - a) * y[2:]) / np.sqrt(1 + a**2 + (1 - a) ** 2)
 
 
-def _line(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    if len(t) < 2 or np.ptp(t) == 0:
-        return 0.0, float(np.mean(y))
-    slope, intercept = np.polyfit(t, y, 1)
-    return float(slope), float(intercept)
+def _robust_scale(residual: np.ndarray) -> float:
+    return float(np.median(np.abs(residual)) / 0.6745) if len(residual) else 0.0
 
 
-#: a series whose binned values spread less than this fraction of their size is constant: averaging
-#: equal values in bins leaves differences in the last digits (~1e-16 relative), which are no change
-FLAT = 1e-9
+def _logistic(t: np.ndarray, centre, width) -> np.ndarray:
+    return 0.5 * (1 + np.tanh((t - centre) / (2 * width)))
+
+
+class _StepModel:
+    """A level, optionally a line in t, plus logistic steps, fitted by weighted least squares to the bins."""
+
+    def __init__(self, tb: np.ndarray, yb: np.ndarray, w: np.ndarray, max_duration: float):
+        self.tb, self.yb, self.root_w = tb, yb, np.sqrt(w)
+        spacing = float(np.median(np.diff(tb))) if len(tb) > 1 else 1.0
+        total = float(tb[-1] - tb[0])
+        centres = np.concatenate([tb, (tb[1:] + tb[:-1]) / 2])
+        widths = np.geomspace(NARROWEST * spacing, max(WIDEST * max_duration * total / SPAN, NARROWEST * spacing * 2), N_WIDTHS)
+        self.grid = np.array([(c, wd) for wd in widths for c in centres])
+        self.columns = self.root_w[:, None] * _logistic(tb[:, None], self.grid[:, 0], self.grid[:, 1])
+        self.t_mean = float(np.average(tb, weights=w))
+        self.line = False
+
+    def design(self, steps: list[tuple[float, float]], t: np.ndarray | None = None, line: bool | None = None) -> np.ndarray:
+        """Columns: the level, the line (when in the model), then the steps."""
+        t = self.tb if t is None else t
+        line = self.line if line is None else line
+        return np.column_stack([np.ones_like(t)] + ([t - self.t_mean] if line else [])
+                               + [_logistic(t, c, wd) for c, wd in steps])
+
+    def fit(self, steps: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+        """Coefficients (level, slope (0 without the line), steps) and their covariance in units of
+        one point's noise variance (the slope's row and column are 0 without the line)."""
+        x = self.root_w[:, None] * self.design(steps)
+        coef, *_ = np.linalg.lstsq(x, self.root_w * self.yb, rcond=None)
+        cov = np.linalg.pinv(x.T @ x)
+        if not self.line:
+            coef = np.insert(coef, 1, 0.0)
+            cov = np.insert(np.insert(cov, 1, 0.0, axis=0), 1, 0.0, axis=1)
+        return coef, cov
+
+    def curve(self, steps: list[tuple[float, float]], coef: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+        """The fitted curve of `fit`'s coefficients (level, slope, heights of `steps`) at t."""
+        t = self.tb if t is None else t
+        return coef[0] + coef[1] * (t - self.t_mean) + sum(
+            (h * _logistic(t, c, wd) for h, (c, wd) in zip(coef[2:], steps)), np.zeros_like(t))
+
+    def _residual_basis(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray, np.ndarray]:
+        q, _ = np.linalg.qr(self.root_w[:, None] * self.design(steps, line=line))
+        y = self.root_w * self.yb
+        return q, y - q @ (q.T @ y)
+
+    def best_addition(self, steps: list[tuple[float, float]]) -> tuple[tuple[float, float], float]:
+        """The grid step that most reduces the weighted SSE given `steps`, and by how much. A step
+        may not overlap (10-90% parts) a step of the other direction: that pair would be a bump
+        cancelling itself, which lets a wide step stand in for several narrow ones."""
+        q, residual = self._residual_basis(steps, self.line)
+        orth = self.columns - q @ (q.T @ self.columns)
+        norm = np.einsum("ij,ij->j", orth, orth)
+        along = orth.T @ residual
+        gain = np.where(norm > 1e-12 * len(self.tb), along**2 / np.maximum(norm, 1e-300), 0.0)
+        if steps:
+            heights = self.fit(steps)[0][2:]
+            for (c, wd), h in zip(steps, heights):
+                overlap = np.abs(self.grid[:, 0] - c) < SPAN / 2 * (self.grid[:, 1] + wd)
+                gain[overlap & (np.sign(along) == -np.sign(h))] = 0.0
+        best = int(np.argmax(gain))
+        return (float(self.grid[best, 0]), float(self.grid[best, 1])), float(gain[best])
+
+    def sse(self, steps: list[tuple[float, float]]) -> float:
+        residual = self._residual_basis(steps, self.line)[1]
+        return float(residual @ residual)
+
+    def line_gain(self, steps: list[tuple[float, float]]) -> float:
+        """How much adding the line reduces the weighted SSE given `steps`."""
+        without = self._residual_basis(steps, False)[1]
+        with_line = self._residual_basis(steps, True)[1]
+        return float(without @ without - with_line @ with_line)
+
+    def choose(self, price: float, max_steps: int) -> list[tuple[float, float]]:
+        """Steps (each priced at 3 x `price`, for its height, centre and width) added greedily, the
+        one buying most first, while one buys more than it costs; when none does, the line (priced
+        at `price`) if it pays, and the steps again; and the same search starting from the line,
+        the cheaper of the two kept. Then each step in turn is taken out and the
+        greedy search resumed from the rest (a wide step chosen early can stand where two narrow
+        ones belong), and neighbouring steps moving the same way are tried as one; each change kept
+        when the priced squared residual falls."""
+        best = None
+        for line in (False, True):  # with and without a steady trend from the start; the cheaper wins
+            self.line = line
+            steps = self._search(price, max_steps)
+            cost = self.sse(steps) + price * (3 * len(steps) + self.line)
+            if best is None or cost < best[0]:
+                best = (cost, steps, self.line)
+        _, steps, self.line = best
+        return steps
+
+    def _search(self, price: float, max_steps: int) -> list[tuple[float, float]]:
+        steps = self._grow([], price, max_steps)
+        for _ in range(2):
+            changed = False
+            for step in list(steps):
+                if step not in steps:
+                    continue
+                rest = [x for x in steps if x != step]
+                other = self._grow(rest, price, max_steps, line=False)
+                if self.sse(other) + 3 * price * len(other) < self.sse(steps) + 3 * price * len(steps) - 1e-9 * price:
+                    steps, changed = other, True
+            changed |= (merged := self._merged(sorted(steps), price)) != sorted(steps)
+            steps = merged
+            if not changed:
+                break
+        return sorted(self._without_bumps(steps))
+
+    def _merged(self, steps: list[tuple[float, float]], price: float) -> list[tuple[float, float]]:
+        """Neighbouring steps moving the same way replaced by the single step that fits best given
+        the rest, where that lowers the priced squared residual (noise can split one step in two)."""
+        i = 0
+        while i + 1 < len(steps):
+            heights = self.fit(steps)[0][2:]
+            if np.sign(heights[i]) == np.sign(heights[i + 1]):
+                rest = steps[:i] + steps[i + 2:]
+                one = rest + [self.best_addition(rest)[0]]
+                if self.sse(one) + 3 * price * len(one) < self.sse(steps) + 3 * price * len(steps):
+                    steps = sorted(one)
+                    continue
+            i += 1
+        return steps
+
+    def _without_bumps(self, steps: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        """Drop the smaller of any two overlapping steps the fit gives opposite directions (refitting
+        can turn a step chosen one way the other way)."""
+        while True:
+            heights = self.fit(steps)[0][2:]
+            pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))
+                     if np.sign(heights[i]) != np.sign(heights[j])
+                     and abs(steps[i][0] - steps[j][0]) < SPAN / 2 * (steps[i][1] + steps[j][1])]
+            if not pairs:
+                return steps
+            i, j = pairs[0]
+            drop = i if abs(heights[i]) < abs(heights[j]) else j
+            steps = steps[:drop] + steps[drop + 1:]
+
+    def _grow(self, steps: list[tuple[float, float]], price: float, max_steps: int,
+              line: bool = True) -> list[tuple[float, float]]:
+        """Add steps greedily to `steps` while one pays, then (if `line`) the line if it pays, and so on."""
+        steps = list(steps)
+        while len(steps) < max_steps:
+            step, gain = self.best_addition(steps)
+            if gain > 3 * price:
+                steps.append(step)
+            elif line and not self.line and self.line_gain(steps) > price:
+                self.line = True
+            else:
+                break
+        return steps
 
 
 def detect_transitions(
-    steps: Sequence[float], values: Sequence[float], metric: str = "", config: DetectorConfig | None = None
+    steps: Sequence[float], values: Sequence[float], metric: str = "", config: DetectorConfig | None = None,
+    trends: bool = False,
 ) -> list[dict]:
-    """The transitions in one series, as event dicts (DESIGN.md), in step order."""
+    """The transitions in one series, as event dicts (DESIGN.md), in step order; with
+    `trends=True` also the changes that cannot be told from a trend (`kind: "trend"`)."""
     cfg = config or DetectorConfig()
     t, y, use_log = _prepare(steps, values, cfg.log_values)
     if len(t) < 8 or np.ptp(t) == 0:
         return []
-    tb, yb, counts = _bin(t, y, min(cfg.bins, len(t)))
+    tb, yb, w = _bin(t, y, min(cfg.bins, len(t)))
     if len(tb) < 8:
         return []
-    # noise of one binned point: robust first-difference scale of the raw points, shrunk by averaging
-    raw_noise = np.median(np.abs(np.diff(y))) / (0.6745 * math.sqrt(2)) if len(y) > 2 else 0.0
-    noise = raw_noise / math.sqrt(max(np.median(counts), 1.0))
-    span = float(np.percentile(yb, 98) - np.percentile(yb, 2))
+    span = float(np.ptp(yb))
     if span <= FLAT * float(np.max(np.abs(yb))):  # a constant series: what binning leaves is rounding
         return []
-    floor = max(noise, 1e-3 * span)
-    segs = _segments(tb, yb, cfg.penalty * floor**2 * math.log(len(tb)))
-    fits = []
-    for i, j in segs:
-        slope, intercept = _line(tb[i:j], yb[i:j])
-        t0, t1 = tb[i], tb[j - 1]
-        fits.append({"i": i, "j": j, "t0": t0, "t1": t1, "slope": slope,
-                     "delta": slope * (t1 - t0), "y0": slope * t0 + intercept, "y1": slope * t1 + intercept})
-    threshold = max(cfg.min_noise_multiple * noise, cfg.min_range_fraction * span)
-    total = tb[-1] - tb[0]
-    def local_noise(first: int, last: int) -> float:
-        """The noise bar for a change measured on segments first..last: the fitted ends of
-        a line through n raw points vary by about 2 sigma / sqrt(n)."""
-        n = min(int(counts[fits[x]["i"]:fits[x]["j"]].sum()) for x in range(first, last + 1))
-        return cfg.min_noise_multiple * 2 * raw_noise / math.sqrt(max(n, 1))
-
-    # a segment moves when its change stands out of the noise
-    moving = max(3 * noise, 0.05 * span)
-    direction = [np.sign(f["delta"]) if abs(f["delta"]) >= moving else 0.0 for f in fits]
-    used = [False] * len(fits)
-    events = []
-    for peak in sorted(range(len(fits)), key=lambda x: -abs(fits[x]["slope"])):
-        if used[peak] or direction[peak] == 0:
-            continue
-        # grow around the steepest segment over neighbours moving the same way and
-        # comparably steep; what lies beyond must be flatter (or move the other way)
-        limit = abs(fits[peak]["slope"]) / cfg.steepness
-        k = m = peak
-        while k - 1 >= 0 and not used[k - 1] and direction[k - 1] == direction[peak] and abs(fits[k - 1]["slope"]) >= limit:
-            k -= 1
-        while m + 1 < len(fits) and not used[m + 1] and direction[m + 1] == direction[peak] and abs(fits[m + 1]["slope"]) >= limit:
-            m += 1
-        run = fits[k:m + 1]
-        change = run[-1]["y1"] - run[0]["y0"]
-        duration = run[-1]["t1"] - run[0]["t0"]
-        has_context = k > 0 or m < len(fits) - 1
-        if abs(change) >= max(threshold, local_noise(k, m)) and 0 < duration <= cfg.max_duration * total \
-                and has_context:
-            events.append((k, m))
-            for x in range(k, m + 1):
-                used[x] = True
-    # one transition seen as two adjacent runs moving the same way is one transition
-    merged: list[tuple[int, int]] = []
-    for k, m in sorted(events):
-        if merged and merged[-1][1] + 1 == k and direction[k] == direction[merged[-1][0]]:
-            merged[-1] = (merged[-1][0], m)
-        else:
-            merged.append((k, m))
-    out = []
-    # a jump between two segments (the change happened between two logged points)
-    for a in range(len(fits) - 1):
-        jump = fits[a + 1]["y0"] - fits[a]["y1"]
-        if not used[a] and not used[a + 1] and abs(jump) >= max(threshold, local_noise(a, a + 1)):
-            before, after = float(np.mean(yb[fits[a]["i"]:fits[a]["j"]])), float(np.mean(yb[fits[a + 1]["i"]:fits[a + 1]["j"]]))
-            if direction[a] != 0:
-                before = fits[a]["y1"]
-            if direction[a + 1] != 0:
-                after = fits[a + 1]["y0"]
-            undo = (lambda v: 10**v) if use_log else (lambda v: v)
-            t_on, t_end = fits[a]["t1"], fits[a + 1]["t0"]
-            out.append({"metric": metric, "direction": "up" if jump > 0 else "down", "onset": int(round(10**t_on)),
-                        "midpoint": int(round(10 ** ((t_on + t_end) / 2))), "end": int(round(10**t_end)),
-                        "magnitude": float(abs(undo(after) - undo(before)))})
-    for k, m in merged:
-        event = _event(metric, fits, direction, k, m, tb, yb, use_log)
-        # the 10-90% change must be quick in log-step time: a slow drift spreads over the run
-        if 0 < math.log10(event["end"] / event["onset"]) <= cfg.max_duration * total:
-            out.append(event)
-    return sorted(out, key=lambda e: e["midpoint"])
+    residual_t, residual = _point_residuals(t, y)
+    model, chosen, coef, cov, noise = _fit_steps(tb, yb, w, max(_robust_scale(residual), NOISE_FLOOR * span), cfg)
+    judge = _Judge(t, tb, model, chosen, coef, cov, noise, residual_t, residual, cfg, use_log, metric)
+    out = [e for group in _groups(chosen, coef[2:], cfg.steepness) if (e := judge.event(group)) is not None]
+    if trends:
+        out += judge.trend()
+    return sorted((e for e in out if e["kind"] == "transition" or trends), key=lambda e: e["midpoint"])
 
 
-def _event(metric: str, fits: list[dict], direction: list[float], k: int, m: int, tb: np.ndarray, yb: np.ndarray,
-           use_log: bool) -> dict:
-    """The event of segments k..m: levels from the segments around them (where there
-    are), onset / midpoint / end where the binned curve passes 10% / 50% / 90% of the way
-    from the level before to the level after."""
-    sign = direction[k]
+def _fit_steps(tb: np.ndarray, yb: np.ndarray, w: np.ndarray, noise: float, cfg: DetectorConfig):
+    """The step model of the bins: (model, steps, coefficients, covariance, noise used)."""
+    model = _StepModel(tb, yb, w, cfg.max_duration)
+    price = cfg.penalty / 3 * math.log(len(tb))  # per parameter
+    chosen = model.choose(price * noise**2, cfg.max_steps)
+    coef, cov = model.fit(chosen)
+    scatter = _robust_scale(model.root_w * (yb - model.curve(chosen, coef)))
+    if scatter > 1.5 * noise:  # correlated noise: the bins scatter more than independent points would
+        noise = scatter
+        chosen = model.choose(price * noise**2, cfg.max_steps)
+        coef, cov = model.fit(chosen)
+    return model, chosen, coef, cov, noise
 
-    def level(index: int, side: str) -> tuple[float, bool]:
-        """The level a neighbour gives, and whether the curve over it counts: a flat one's
-        mean; one sloping the same way, its values at its far end (the plateau the
-        transition leaves or reaches); one sloping the other way (a peak or a trough),
-        its values next to the transition, and it does not count."""
-        seg = fits[index]
-        values = yb[seg["i"]:seg["j"]]
-        if direction[index] == 0:
-            return float(np.mean(values)), True
-        same = direction[index] == sign
-        first, last = float(np.mean(values[:3])), float(np.mean(values[-3:]))
-        if side == "before":
-            return (first if same else last), same
-        return (last if same else first), same
 
-    before, with_before = level(k - 1, "before") if k > 0 else (fits[k]["y0"], False)
-    after, with_after = level(m + 1, "after") if m + 1 < len(fits) else (fits[m]["y1"], False)
-    change = after - before
-    lo = fits[k - 1]["i"] if with_before else fits[k]["i"]
-    hi = fits[m + 1]["j"] if with_after else fits[m]["j"]
-    progress = (yb[lo:hi] - before) / change if change else np.zeros(hi - lo)
+def _groups(steps: list[tuple[float, float]], heights: np.ndarray, steepness: float) -> list[list[int]]:
+    """Indices of steps forming one transition: same direction, overlapping 10-90% parts, and
+    either comparably steep or one centred within the other (a lopsided change: fast, then a
+    slow tail around it); a much slower change beside a transition is not part of it."""
+    groups: list[list[int]] = []
+    speed = [abs(h) / (4 * wd) for h, (c, wd) in zip(heights, steps)]  # the steepest slope of each step
+    for i, (c, wd) in enumerate(steps):
+        if groups:
+            j = groups[-1][-1]
+            cj, wj = steps[j]
+            fastest = max(speed[x] for x in groups[-1])
+            inside = any(abs(c - steps[x][0]) <= SPAN / 2 * max(wd, steps[x][1]) for x in groups[-1])
+            comparable = fastest / steepness <= speed[i] <= fastest * steepness
+            if np.sign(heights[i]) == np.sign(heights[j]) and c - SPAN * wd / 2 <= cj + SPAN * wj / 2 \
+                    and (inside or comparable):
+                groups[-1].append(i)
+                continue
+        groups.append([i])
+    return groups
 
-    def first_past(frac: float, start: int = 0) -> float:
-        """Where the curve first reaches `frac` of the change, interpolated between bins."""
-        idx = np.nonzero(progress[start:] >= frac)[0]
-        if not len(idx):
-            return float(tb[hi - 1])
-        i = start + idx[0]
-        if i == 0 or progress[i] == progress[i - 1]:
-            return float(tb[lo + i])
-        w = (frac - progress[i - 1]) / (progress[i] - progress[i - 1])
-        return float(tb[lo + i - 1] + min(max(w, 0.0), 1.0) * (tb[lo + i] - tb[lo + i - 1]))
 
-    t_on = first_past(0.1)
-    t_mid = first_past(0.5, int(np.searchsorted(tb[lo:hi], t_on)))
-    t_end = first_past(0.9, int(np.searchsorted(tb[lo:hi], t_mid)))
-    undo = (lambda v: 10**v) if use_log else (lambda v: v)
-    return {
-        "metric": metric,
-        "direction": "up" if change > 0 else "down",
-        "onset": int(round(10**t_on)),
-        "midpoint": int(round(10**t_mid)),
-        "end": int(round(10**t_end)),
-        "magnitude": float(abs(undo(after) - undo(before))),
-    }
+@dataclasses.dataclass
+class _Judge:
+    """Turns fitted steps into events."""
+
+    t: np.ndarray
+    tb: np.ndarray
+    model: _StepModel
+    steps: list[tuple[float, float]]
+    coef: np.ndarray
+    cov: np.ndarray
+    noise: float
+    residual_t: np.ndarray
+    residual: np.ndarray
+    cfg: DetectorConfig
+    use_log: bool
+    metric: str
+
+    def __post_init__(self):
+        fitted = self.model.curve(self.steps, self.coef)
+        self.range = float(np.ptp(fitted))
+        self.total = float(self.tb[-1] - self.tb[0])
+
+    def _test(self, change: float, variance: float, noise: float) -> tuple[bool, float, float]:
+        """Whether a change passes the noise and size tests, its snr, and the confidence."""
+        error = noise * math.sqrt(max(variance, 0.0))
+        snr = abs(change) / error if error > 0 else math.inf
+        needed = self.cfg.min_range_fraction * self.range
+        confidence = 1.0 if error == 0 else (
+            _normal_cdf(snr - self.cfg.min_snr) * _normal_cdf((abs(change) - needed) / error))
+        return snr >= self.cfg.min_snr and abs(change) >= needed, snr, confidence
+
+    def event(self, group: list[int]) -> dict | None:
+        heights = self.coef[2 + np.array(group)]
+        change = float(heights.sum())
+        index = 2 + np.array(group)
+        variance = float(self.cov[np.ix_(index, index)].sum())
+        # the points around the transition: where they scatter more than the series, trust them less
+        lo = min(self.steps[i][0] - SPAN * self.steps[i][1] for i in group)
+        hi = max(self.steps[i][0] + SPAN * self.steps[i][1] for i in group)
+        near = self.residual[(self.residual_t >= lo) & (self.residual_t <= hi)]
+        noise = max(self.noise, _robust_scale(near)) if len(near) >= 5 else self.noise
+        ok, snr, confidence = self._test(change, variance, noise)
+        if not ok:
+            return None
+        grid = np.linspace(lo, hi, 1024)
+        curve = sum(h * _logistic(grid, *self.steps[i]) for h, i in zip(heights, group))
+        progress = np.maximum.accumulate((curve - curve[0]) / (curve[-1] - curve[0]))
+        onset, midpoint, end = (float(grid[min(int(np.searchsorted(progress, f)), len(grid) - 1)])
+                                for f in (0.1, 0.5, 0.9))
+        slope = np.abs(np.gradient(curve, grid))
+        steepest = float(grid[int(np.argmax(slope))])
+        # ended: its 90% point is inside the series, or the series already shows it levelling off
+        at_last = float(np.interp(self.t[-1], grid, slope)) if self.t[-1] < hi else 0.0
+        seen_after = self.t[-1] - midpoint >= (end - onset) / 3 and int((self.t > midpoint).sum()) >= 5
+        ended = end - onset > 0 and (end + (end - onset) / 10 <= self.t[-1]
+                                     or (seen_after and at_last <= slope.max() / LEVELLING))
+        kind = "transition" if ended and end - onset <= self.cfg.max_duration * self.total else "trend"
+        # the level it leaves: the rest of the model where it happens (matters only for log values)
+        rest = [i for i in range(len(self.steps)) if i not in group]
+        base = float(self.model.curve([self.steps[i] for i in rest],
+                                      np.concatenate([self.coef[:2], self.coef[2 + np.array(rest, dtype=int)]]),
+                                      np.array([midpoint]))[0])
+        return self._event(kind, change, base, base + change, (onset, midpoint, end), steepest, snr, confidence)
+
+    def trend(self) -> list[dict]:
+        """The straight line's own change over the run, as a trend, when it passes the tests."""
+        change = float(self.coef[1] * self.total)
+        ok, snr, confidence = self._test(change, float(self.cov[1, 1]) * self.total**2, self.noise)
+        if not ok:
+            return []
+        t0, t1 = float(self.tb[0]), float(self.tb[-1])
+        times = (t0 + 0.1 * self.total, t0 + 0.5 * self.total, t0 + 0.9 * self.total)
+        start = float(self.coef[0] + self.coef[1] * (t0 - self.model.t_mean))
+        return [self._event("trend", change, start, start + change, times, (t0 + t1) / 2, snr, confidence)]
+
+    def _event(self, kind: str, change: float, before: float, after: float, times: tuple[float, float, float],
+               steepest: float, snr: float, confidence: float) -> dict:
+        undo = (lambda v: 10**v) if self.use_log else (lambda v: v)
+        onset, midpoint, end = (int(round(10**x)) for x in times)
+        return {"metric": self.metric, "direction": "up" if change > 0 else "down", "onset": onset,
+                "midpoint": midpoint, "end": end, "magnitude": float(abs(undo(after) - undo(before))),
+                "kind": kind, "steepest": int(round(10**steepest)), "snr": round(float(snr), 2),
+                "confidence": round(float(confidence), 4)}
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
 
 
 def detect_all(series: dict[str, tuple[Sequence[float], Sequence[float]]], config: DetectorConfig | None = None) -> list[dict]:

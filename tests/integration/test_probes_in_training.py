@@ -67,7 +67,8 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
                  "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
                  "--transitions.every_n_validations", "3"]) == 0
     events = list(read_jsonl(run / "events.jsonl"))
-    assert events and all(set(e) == {"metric", "direction", "onset", "midpoint", "end", "magnitude", "detected_at"}
+    assert events and all(set(e) == {"metric", "direction", "onset", "midpoint", "end", "magnitude", "detected_at",
+                                     "kind", "steepest", "snr", "confidence"} and e["kind"] == "transition"
                           for e in events)
     assert all(e["onset"] <= e["midpoint"] <= e["end"] <= e["detected_at"] for e in events)
     acc = [e for e in events if e["metric"] == "train/acc"]

@@ -123,7 +123,8 @@ def test_live_watcher_waits_for_a_sparse_series_to_go_on_before_reporting(tmp_pa
             f.writelines(json.dumps({"step": s, "llc/estimate": v}) + "\n" for s, v in zip(steps, llc) if s <= now)
         reported += watcher.look(trainer, now, final=now == 3000)
     assert [(e["metric"], e["direction"]) for e in reported] == [("llc/estimate", "up")]
-    assert 1000 <= reported[0]["midpoint"] <= 2000 and reported[0]["magnitude"] > 200
+    # most of the rise from ~10 to 239 (its slower start, steps ~300-900, is fitted as a change of its own)
+    assert 1000 <= reported[0]["midpoint"] <= 2000 and reported[0]["magnitude"] > 0.75 * (239.1 - 9.6)
 
 
 @pytest.mark.parametrize("steps", [list(range(51)), list(range(0, 510, 10)), list(range(0, 3001, 60))])
@@ -140,3 +141,91 @@ def test_a_small_real_change_on_a_large_baseline_is_still_found():
     (event,) = detect_transitions(steps, values, "small")
     assert event["direction"] == "up" and 150 <= event["midpoint"] <= 600
     assert event["magnitude"] == pytest.approx(1e-6, rel=0.2)
+
+
+DENSE = np.arange(10, 10001, 10)
+LOG_60 = np.unique(np.round(np.geomspace(1, 10000, 60)))
+
+
+def transitions(steps, values, name="x"):
+    return [e for e in detect_transitions(steps, values, name) if e["kind"] == "transition"]
+
+
+@pytest.mark.parametrize("steps", [DENSE, LOG_60], ids=["dense", "log-spaced"])
+def test_steady_trends_are_labelled_trends_not_transitions(steps):
+    """A series linear in steps (e.g. a norm shrinking under weight decay) steepens all the way in
+    log-step time; one linear in log-step never changes speed. Neither is a transition."""
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        for curve in (1 - 0.8 * steps / steps[-1], 1 - 0.2 * np.log10(steps)):
+            values = curve + rng.normal(0, 0.02, len(steps))
+            assert detect_transitions(steps, values, "trend") == []
+            labelled = detect_transitions(steps, values, "trend", trends=True)
+            assert labelled and {e["kind"] for e in labelled} == {"trend"}
+
+
+def test_two_drops_on_a_sparse_log_schedule_are_two_transitions():
+    """Drops of 0.5 at steps 150 and 3,000 on 60 log-spaced checkpoints, noise 0.05: each found on
+    its own side in at least 9 of 10 series (the old detector joined them in 9 of 10). Where the
+    second is missed, the fit has it still under way at the last checkpoint: a trend, not a
+    wrong transition."""
+    separated = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        values = 1 - 0.5 * sigmoid_in_log_steps(LOG_60, 150) - 0.5 * sigmoid_in_log_steps(LOG_60, 3000)
+        events = transitions(LOG_60, values + rng.normal(0, 0.05, len(LOG_60)))
+        assert 1 <= len(events) <= 2 and 70 <= events[0]["midpoint"] <= 320, (seed, events)
+        assert all(e["magnitude"] == pytest.approx(0.5, rel=0.3) for e in events), (seed, events)
+        if len(events) == 2:
+            assert 1400 <= events[1]["midpoint"] <= 6400 and events[0]["end"] < events[1]["onset"], (seed, events)
+            separated += 1
+    assert separated >= 9
+
+
+def test_a_steep_drop_does_not_take_in_the_slow_decline_after_it():
+    """A drop of 0.6 at step 383 followed by a decline of 0.3 spread over steps 500-10,000: one
+    transition, ending before the decline, of about the drop's size (the old detector reported
+    343-409-4,519 with magnitude 0.895)."""
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        decline = np.clip((np.log10(DENSE) - np.log10(500)) / (4 - np.log10(500)), 0, 1)
+        values = 1 - 0.6 * sigmoid_in_log_steps(DENSE, 383, 0.05) - 0.3 * decline + rng.normal(0, 0.02, len(DENSE))
+        (event,) = transitions(DENSE, values)
+        assert 330 <= event["midpoint"] <= 450 and event["end"] <= 600, event
+        assert 0.45 <= event["magnitude"] <= 0.7, event
+
+
+def test_a_completed_drop_is_reported_by_half_again_its_end_whatever_came_before():
+    """What the live watcher sees: the series so far. A steep drop (centre 400, end ~540) after a
+    gently sloping start, cut at 1.5 x its end step: found, with its own size, not dated from the
+    slope before it."""
+    end = 400 * 10 ** (0.06 * math.log(9))
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        values = 3 - 0.3 * np.log10(DENSE) - 1.5 * sigmoid_in_log_steps(DENSE, 400, 0.06) + rng.normal(0, 0.02, len(DENSE))
+        keep = DENSE <= 1.5 * end
+        (event,) = transitions(DENSE[keep], values[keep])
+        assert 250 <= event["onset"] < 400 < event["end"] <= 700 and event["magnitude"] == pytest.approx(1.5, rel=0.2)
+
+
+def test_the_published_token_1_drop_is_seen_on_the_series_so_far(reference_dir):
+    """The authors' 5-digit answer token 1 falls steeply near step 390 after a gently sloping start:
+    cut at steps 700 and 1,000 (the old detector saw it only from ~1,500), the drop is reported."""
+    steps, values = (np.asarray(a) for a in load_series(reference_dir / "5_digit_addition_infinite_per_token.csv")["answer_token_1"])
+    for cut in (700, 1000):
+        keep = steps <= cut
+        drops = [e for e in transitions(steps[keep], values[keep]) if e["direction"] == "down"]
+        assert any(e["onset"] <= 390 <= e["end"] for e in drops), (cut, drops)
+
+
+def test_events_carry_kind_steepest_snr_and_confidence():
+    """A lopsided drop (fast, then a slow tail): the steepest point comes before the midpoint; a
+    clear change has a high snr and confidence near 1, one near the noise a lower confidence."""
+    rng = np.random.default_rng(0)
+    lopsided = 2 - 0.8 * sigmoid_in_log_steps(DENSE, 300, 0.03) - 0.7 * sigmoid_in_log_steps(DENSE, 600, 0.2)
+    (event,) = transitions(DENSE, lopsided + rng.normal(0, 0.01, len(DENSE)))
+    assert event["kind"] == "transition" and event["onset"] < event["steepest"] < event["midpoint"] < event["end"]
+    assert 250 <= event["steepest"] <= 360 and event["snr"] > 50 and event["confidence"] > 0.99
+    weak = [e for seed in range(20) for e in transitions(
+        LOG_60, 1 - 0.25 * sigmoid_in_log_steps(LOG_60, 500) + np.random.default_rng(seed).normal(0, 0.1, len(LOG_60)))]
+    assert weak and all(0 <= e["confidence"] <= 1 for e in weak) and min(e["confidence"] for e in weak) < 0.99
