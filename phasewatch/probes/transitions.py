@@ -17,10 +17,11 @@ spread over orders of magnitude of steps):
    centre and width (from a grid: every bin and between bins; widths from a step between two
    logged points to `max_duration` of the run) that most reduces the weighted squared residual, while
    that reduction exceeds `penalty` x log(bins) noise variances (a BIC-like price for the
-   step's three parameters); then each step's centre and width are re-chosen once given the
-   others. If the bins scatter about the model more than independent noise of the estimated
-   size allows (noise correlated from point to point, as in real training curves), the noise
-   is raised to what the bins show and the model is chosen again.
+   step's three parameters); a straight line in t (a steady trend) is tried too; then the
+   choice is refined (each step taken out and the search resumed, neighbouring steps merged)
+   while the priced residual falls. If the bin means scatter more than independent noise of
+   the estimated size allows (noise correlated from point to point, as in real training
+   curves), the noise is raised to what the bins show.
 4. Overlapping steps moving the same way at comparable speeds (within `steepness`) are one
    transition (a lopsided change takes two steps). It counts when
    - its level change (the sum of its steps' heights) stands out of the noise: `min_snr`
@@ -93,6 +94,8 @@ NOISE_FLOOR = 2e-3
 #: a change running past the end of the series has ended when it moves this many times slower
 #: there than at its steepest (a logistic step is then ~90% done)
 LEVELLING = 3.0
+#: rounds of refinement after the greedy search
+ROUNDS = 2
 #: the 10-90% part of a logistic step lasts this many widths
 SPAN = 2 * math.log(9)
 #: step widths tried: from this fraction of the bin spacing (a step between two logged points) ...
@@ -155,10 +158,12 @@ class _StepModel:
         self.tb, self.yb, self.root_w = tb, yb, np.sqrt(w)
         spacing = float(np.median(np.diff(tb))) if len(tb) > 1 else 1.0
         total = float(tb[-1] - tb[0])
-        centres = np.concatenate([tb, (tb[1:] + tb[:-1]) / 2])
+        # between bins too where they are few (a step between two sparse checkpoints)
+        centres = np.concatenate([tb, (tb[1:] + tb[:-1]) / 2]) if len(tb) < 100 else tb
         widths = np.geomspace(NARROWEST * spacing, max(WIDEST * max_duration * total / SPAN, NARROWEST * spacing * 2), N_WIDTHS)
         self.grid = np.array([(c, wd) for wd in widths for c in centres])
         self.columns = self.root_w[:, None] * _logistic(tb[:, None], self.grid[:, 0], self.grid[:, 1])
+        self.column_norms = np.einsum("ij,ij->j", self.columns, self.columns)
         self.t_mean = float(np.average(tb, weights=w))
         self.line = False
 
@@ -196,10 +201,10 @@ class _StepModel:
         may not overlap (10-90% parts) a step of the other direction: that pair would be a bump
         cancelling itself, which lets a wide step stand in for several narrow ones."""
         q, residual = self._residual_basis(steps, self.line)
-        orth = self.columns - q @ (q.T @ self.columns)
-        norm = np.einsum("ij,ij->j", orth, orth)
-        along = orth.T @ residual
-        gain = np.where(norm > 1e-12 * len(self.tb), along**2 / np.maximum(norm, 1e-300), 0.0)
+        # each column's part orthogonal to the model: the residual is orthogonal to it already
+        along = self.columns.T @ residual
+        norm = self.column_norms - np.einsum("ij,ij->j", inner := q.T @ self.columns, inner)
+        gain = np.where(norm > 1e-9 * self.column_norms, along**2 / np.maximum(norm, 1e-300), 0.0)
         if steps:
             heights = self.fit(steps)[0][2:]
             for (c, wd), h in zip(steps, heights):
@@ -238,13 +243,13 @@ class _StepModel:
 
     def _search(self, price: float, max_steps: int) -> list[tuple[float, float]]:
         steps = self._grow([], price, max_steps)
-        for _ in range(2):
+        for _ in range(ROUNDS):
             changed = False
             for step in list(steps):
                 if step not in steps:
                     continue
                 rest = [x for x in steps if x != step]
-                other = self._grow(rest, price, max_steps, line=False)
+                other = self._grow(rest, price, min(max_steps, len(steps) + 1), line=False)
                 if self.sse(other) + 3 * price * len(other) < self.sse(steps) + 3 * price * len(steps) - 1e-9 * price:
                     steps, changed = other, True
             changed |= (merged := self._merged(sorted(steps), price)) != sorted(steps)
@@ -314,7 +319,10 @@ def detect_transitions(
     if span <= FLAT * float(np.max(np.abs(yb))):  # a constant series: what binning leaves is rounding
         return []
     residual_t, residual = _point_residuals(t, y)
-    model, chosen, coef, cov, noise = _fit_steps(tb, yb, w, max(_robust_scale(residual), NOISE_FLOOR * span), cfg)
+    noise = max(_robust_scale(residual), NOISE_FLOOR * span)
+    if (scatter := _bin_noise(tb, yb, w)) > 1.5 * noise:  # correlated noise: trust the bins' scatter
+        noise = scatter
+    model, chosen, coef, cov, noise = _fit_steps(tb, yb, w, noise, cfg)
     judge = _Judge(t, tb, model, chosen, coef, cov, noise, residual_t, residual, cfg, use_log, metric)
     out = [e for group in _groups(chosen, coef[2:], cfg.steepness) if (e := judge.event(group)) is not None]
     if trends:
@@ -328,12 +336,19 @@ def _fit_steps(tb: np.ndarray, yb: np.ndarray, w: np.ndarray, noise: float, cfg:
     price = cfg.penalty / 3 * math.log(len(tb))  # per parameter
     chosen = model.choose(price * noise**2, cfg.max_steps)
     coef, cov = model.fit(chosen)
-    scatter = _robust_scale(model.root_w * (yb - model.curve(chosen, coef)))
-    if scatter > 1.5 * noise:  # correlated noise: the bins scatter more than independent points would
-        noise = scatter
-        chosen = model.choose(price * noise**2, cfg.max_steps)
-        coef, cov = model.fit(chosen)
     return model, chosen, coef, cov, noise
+
+
+def _bin_noise(tb: np.ndarray, yb: np.ndarray, w: np.ndarray) -> float:
+    """The noise of one point implied by how the bin means scatter (each against the line through
+    its neighbours, scaled by the variance independent points would give it): larger than the
+    points' own estimate when noise is correlated from point to point, as in real training curves."""
+    if len(tb) < 3:
+        return 0.0
+    gap = tb[2:] - tb[:-2]
+    a = np.where(gap > 0, (tb[2:] - tb[1:-1]) / np.where(gap > 0, gap, 1.0), 0.5)
+    variance = 1 / w[1:-1] + a**2 / w[:-2] + (1 - a) ** 2 / w[2:]
+    return _robust_scale((yb[1:-1] - a * yb[:-2] - (1 - a) * yb[2:]) / np.sqrt(variance))
 
 
 def _groups(steps: list[tuple[float, float]], heights: np.ndarray, steepness: float) -> list[list[int]]:
