@@ -461,9 +461,10 @@ def _normal_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2))
 
 
-def detect_all(series: dict[str, tuple[Sequence[float], Sequence[float]]], config: DetectorConfig | None = None) -> list[dict]:
-    """Transitions of every series, ordered by midpoint."""
-    events = [e for name, (s, v) in series.items() for e in detect_transitions(s, v, name, config)]
+def detect_all(series: dict[str, tuple[Sequence[float], Sequence[float]]], config: DetectorConfig | None = None,
+               trends: bool = False) -> list[dict]:
+    """Transitions (with `trends=True` also trends) of every series, ordered by midpoint."""
+    events = [e for name, (s, v) in series.items() for e in detect_transitions(s, v, name, config, trends)]
     return sorted(events, key=lambda e: (e["midpoint"], e["metric"]))
 
 
@@ -473,6 +474,7 @@ def lead_lag(events: list[dict], reference: str) -> list[dict]:
     its midpoint came earlier, `onset_lead` likewise for onsets. The grokking story
     reads: the restricted loss falls and the excluded loss rises before the test loss
     collapses."""
+    events = [e for e in events if e.get("kind", "transition") == "transition"]
     out = []
     for ref in (e for e in events if e["metric"] == reference):
         nearest: dict[str, dict] = {}

@@ -200,6 +200,8 @@ def phases_command(argv: list[str]) -> int:
     parser.add_argument("--reference", default=None,
                         help="lead/lag against this series' transitions (default: val/loss when present)")
     parser.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    parser.add_argument("--trends", action="store_true",
+                        help="also list the steady changes that are not transitions (kind 'trend', docs/phases.md)")
     args = parser.parse_args(argv)
     from phasewatch.probes.transitions import DetectorConfig, detect_all, lead_lag
     from phasewatch.rundir import load_series
@@ -216,17 +218,21 @@ def phases_command(argv: list[str]) -> int:
                   file=sys.stderr)
             return 2
         data = {k: data[k] for k in args.keys}
-    events = detect_all(data, DetectorConfig(log_values=args.log_values))
+    found = detect_all(data, DetectorConfig(log_values=args.log_values), trends=args.trends)
     if args.json:
-        for e in events:
+        for e in found:
             print(json.dumps(e))
         return 0
-    print(f"{len(events)} transitions in {len(data)} series of {args.path}")
-    if events:
-        print(f"{'metric':34s} {'dir':4s} {'onset':>8s} {'midpoint':>9s} {'end':>8s} {'magnitude':>10s}")
-        for e in events:
+    events = [e for e in found if e["kind"] == "transition"]
+    trends = f" (and {len(found) - len(events)} trends)" if args.trends else ""
+    print(f"{len(events)} transitions{trends} in {len(data)} series of {args.path}")
+    if found:
+        print(f"{'metric':34s} {'dir':4s} {'onset':>8s} {'midpoint':>9s} {'end':>8s} {'magnitude':>10s} "
+              f"{'steepest':>9s} {'conf':>5s}{'  kind' if args.trends else ''}")
+        for e in found:
             print(f"{e['metric'][:34]:34s} {e['direction']:4s} {e['onset']:8d} {e['midpoint']:9d} {e['end']:8d} "
-                  f"{e['magnitude']:10.4g}")
+                  f"{e['magnitude']:10.4g} {e['steepest']:9d} {e['confidence']:5.2f}"
+                  f"{'  ' + e['kind'] if args.trends else ''}")
     reference = args.reference or ("val/loss" if "val/loss" in data else None)
     rows = lead_lag(events, reference) if reference else []
     current = None
