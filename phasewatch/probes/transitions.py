@@ -29,6 +29,7 @@ spread over orders of magnitude of steps):
      where they scatter more than the series as a whole;
    - it is at least `min_range_fraction` of the range of the fitted curve;
    - it takes at most `max_duration` of the run's log-time, from 10% to 90%;
+   - the series has at least two points before its midpoint (a change before it began is not seen);
    - it has ended: the series goes on past its 90% point (by a tenth of its duration), or on
      past its midpoint (5 points, a third of its duration) and at the last point it moves
      `LEVELLING` times slower than at its steepest. A change that runs into the end of
@@ -158,10 +159,11 @@ class _StepModel:
         self.tb, self.yb, self.root_w = tb, yb, np.sqrt(w)
         spacing = float(np.median(np.diff(tb))) if len(tb) > 1 else 1.0
         total = float(tb[-1] - tb[0])
-        # between bins too where they are few (a step between two sparse checkpoints)
-        centres = np.concatenate([tb, (tb[1:] + tb[:-1]) / 2]) if len(tb) < 100 else tb
         widths = np.geomspace(NARROWEST * spacing, max(WIDEST * max_duration * total / SPAN, NARROWEST * spacing * 2), N_WIDTHS)
-        self.grid = np.array([(c, wd) for wd in widths for c in centres])
+        # steps may also sit between two bins: where bins are few, or sharp ones (a jump between two checkpoints)
+        both = np.concatenate([tb, (tb[1:] + tb[:-1]) / 2])
+        self.grid = np.array([(c, wd) for wd in widths for c in (both if wd < spacing or len(tb) < 100 else tb)])
+        self.spacing = spacing
         self.columns = self.root_w[:, None] * _logistic(tb[:, None], self.grid[:, 0], self.grid[:, 1])
         self.column_norms = np.einsum("ij,ij->j", self.columns, self.columns)
         self.t_mean = float(np.average(tb, weights=w))
@@ -280,7 +282,7 @@ class _StepModel:
             heights = self.fit(steps)[0][2:]
             pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))
                      if np.sign(heights[i]) != np.sign(heights[j])
-                     and abs(steps[i][0] - steps[j][0]) < SPAN / 2 * (steps[i][1] + steps[j][1])]
+                     and abs(steps[i][0] - steps[j][0]) < SPAN / 2 * (steps[i][1] + steps[j][1]) + self.spacing]
             if not pairs:
                 return steps
             i, j = pairs[0]
@@ -428,7 +430,9 @@ class _Judge:
         seen_after = self.t[-1] - midpoint >= (end - onset) / 3 and int((self.t > midpoint).sum()) >= 5
         ended = end - onset > 0 and (end + (end - onset) / 10 <= self.t[-1]
                                      or (seen_after and at_last <= slope.max() / LEVELLING))
-        kind = "transition" if ended and end - onset <= self.cfg.max_duration * self.total else "trend"
+        seen_before = int((self.t < midpoint).sum()) >= 2  # a change before the series begins is not seen
+        kind = "transition" if ended and seen_before and end - onset <= self.cfg.max_duration * self.total \
+            else "trend"
         # the level it leaves: the rest of the model where it happens (matters only for log values)
         rest = [i for i in range(len(self.steps)) if i not in group]
         base = float(self.model.curve([self.steps[i] for i in rest],
