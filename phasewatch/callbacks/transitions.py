@@ -28,18 +28,21 @@ class TransitionWatcher(pl.Callback):
     """Args:
     metrics: the series to watch (default: every logged series but the detail keys the
         probes declare: per-head, per-pair and per-frequency series, diagnostics, `lr`).
-    every_n_validations: how often to look (each look costs ~30 ms per series).
+    every_n_validations: how often to look (detection costs ~0.1 s per series of a few hundred
+        points; a series of 100 points or more is looked at again once it has grown by `regrow`
+        of its points since the last time: 10% more points, ~10% more steps when logged evenly).
     settle: report a transition once the run has reached `settle` x its end step...
     points_after: ... and the series has this many values after its end (at the end of
         training every transition found is reported).
     """
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 4, settle: float = 1.5,
-                 points_after: int = 3):
+                 points_after: int = 3, regrow: float = 0.1):
         self.metrics, self.every, self.settle = metrics, max(1, int(every_n_validations)), settle
-        self.points_after = points_after
+        self.points_after, self.regrow = points_after, regrow
         self.reported: list[dict[str, Any]] = []
         self._validations = 0
+        self._looked: dict[str, int] = {}  # series -> its number of points when last looked at
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn != "fit" or trainer.sanity_checking:
@@ -56,6 +59,10 @@ class TransitionWatcher(pl.Callback):
                   if (key in self.metrics if self.metrics is not None else not is_detail(key))}
         new = []
         for key, (steps, values) in sorted(series.items()):
+            seen = self._looked.get(key, 0)
+            if not (final or seen < 100 or len(steps) >= (1 + self.regrow) * seen):
+                continue
+            self._looked[key] = len(steps)
             for event in detect_transitions(steps, values, key):
                 settled = step >= self.settle * event["end"] and sum(s > event["end"] for s in steps) >= self.points_after
                 if (final or settled) and not self._known(event):

@@ -229,3 +229,30 @@ def test_events_carry_kind_steepest_snr_and_confidence():
     weak = [e for seed in range(20) for e in transitions(
         LOG_60, 1 - 0.25 * sigmoid_in_log_steps(LOG_60, 500) + np.random.default_rng(seed).normal(0, 0.1, len(LOG_60)))]
     assert weak and all(0 <= e["confidence"] <= 1 for e in weak) and min(e["confidence"] for e in weak) < 0.99
+
+
+def test_live_watcher_looks_at_long_series_again_only_once_they_grow_and_reports_no_later_than_that(tmp_path):
+    """A series of 100+ points is detected again once it has 10% more points: a drop ending near
+    step 2,700 on a series logged every 10 steps is reported once, at most ~10% later than when
+    every look detects it."""
+    import json
+
+    import lightning.pytorch as pl
+
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(10, 6001, 10)
+    rng = np.random.default_rng(0)
+    values = 2 - 1.5 * sigmoid_in_log_steps(steps, 2000, 0.06) + rng.normal(0, 0.02, len(steps))
+    trainer = pl.Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False)
+    reported = {}
+    for regrow in (0.0, 0.1):
+        watcher = TransitionWatcher(regrow=regrow)
+        found = []
+        for now in range(1000, 6001, 50):
+            with open(tmp_path / "metrics.jsonl", "w") as f:
+                f.writelines(json.dumps({"step": int(s), "val/loss": v}) + "\n" for s, v in zip(steps, values) if s <= now)
+            found += watcher.look(trainer, now, final=now == 6000)
+        assert [(e["metric"], e["direction"]) for e in found] == [("val/loss", "down")]
+        reported[regrow] = found[0]["detected_at"]
+    assert reported[0.0] <= reported[0.1] <= 1.1 * reported[0.0] + 50
