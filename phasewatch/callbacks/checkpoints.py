@@ -1,8 +1,10 @@
 """Checkpoints on a schedule, plus a rolling `last.ckpt`, written atomically.
 
 `step=<N>.ckpt` holds the state after N optimizer steps (step 0: the initial weights).
-`last.ckpt` is refreshed every `last_every` steps and at the end, so a killed run loses at
-most that many steps. At a step where validation runs, the save waits until validation
+By default the schedule is the probes' (`ProbeRunner`'s shared schedule): post-hoc analysis sees the steps that the live probes saw. While the transition
+watcher has an onset pending (adaptive resolution, callbacks/transitions.py), a checkpoint is
+also kept at each step of its dense grid. `last.ckpt` is refreshed every `last_every` steps and at the
+end, so a killed run loses at most that many steps. At a step where validation runs, the save waits until validation
 has logged, so the checkpoint includes it. Every file is written under a temporary name
 and renamed into place: a crash never leaves a half-written checkpoint under a real name,
 and a full disk stops the run with one line (DiskFull) and no temporary file left.
@@ -24,7 +26,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Checkpoint
 
 from phasewatch.callbacks.loggers import CheckpointStateLogger, run_folder
+from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.schedule import Schedule
+from phasewatch.callbacks.transitions import dense_now
 from phasewatch.errors import DiskFull, is_disk_full
 from phasewatch.rundir import LAST_CHECKPOINT, checkpoint_name
 from phasewatch.tasks.base import require_int
@@ -35,14 +39,15 @@ class ScheduledCheckpoints(Checkpoint):
 
     Args:
         dirpath: where to write (default: the run folder's checkpoint folder).
-        schedule: when to keep a permanent checkpoint (default: 30 log-spaced steps).
+        schedule: when to keep a permanent checkpoint (default: at every step of the probes'
+            schedule; 30 log-spaced steps when no probes run).
         last_every: refresh last.ckpt every this many steps.
     """
 
-    def __init__(self, dirpath: str | None = None, schedule: Schedule = Schedule(), last_every: int = 200):
+    def __init__(self, dirpath: str | None = None, schedule: Schedule | None = None, last_every: int = 200):
         require_int(last_every, "checkpoints.last_every", 1)
         self.dirpath = dirpath
-        self.schedule = schedule.validate()
+        self.schedule = schedule.validate() if schedule is not None else None
         self.last_every = last_every
         self._steps: set[int] = set()
         self._trainer: pl.Trainer | None = None
@@ -52,7 +57,11 @@ class ScheduledCheckpoints(Checkpoint):
         self._trainer = trainer
         if self.dirpath is None:
             self.dirpath = str(run_folder(trainer).checkpoints)
-        self._steps = set(self.schedule.resolve(trainer.max_steps))
+        if self.schedule is not None:
+            self._steps = set(self.schedule.resolve(trainer.max_steps))
+        else:
+            runner = next((cb for cb in trainer.callbacks if isinstance(cb, ProbeRunner)), None)
+            self._steps = set((runner.schedule if runner is not None else Schedule()).resolve(trainer.max_steps))
 
     # --- resume ---------------------------------------------------------------------
 
@@ -107,7 +116,7 @@ class ScheduledCheckpoints(Checkpoint):
 
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
-        if step in self._steps:
+        if step in self._steps or dense_now(trainer):
             self._save(trainer, checkpoint_name(step), copy_to_last=True)
         elif step % self.last_every == 0:
             self._save(trainer, LAST_CHECKPOINT)

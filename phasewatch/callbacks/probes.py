@@ -3,7 +3,9 @@
 A thin adapter: the measurements live in `phasewatch.probes`. Probes run on their
 schedule (log-spaced by default) at the start of the step, when the weights are those
 after `step` updates and everything earlier has been logged; cheap probes also run at
-every validation. Scalars go to every logger under the step; arrays are saved in the run
+every validation. While the transition watcher has an onset pending (adaptive resolution,
+callbacks/transitions.py), the probes of the shared schedule, cheap ones included, also run
+at the steps of its dense grid; probes on a schedule of their own (the LLC: costly) keep it. Scalars go to every logger under the step; arrays are saved in the run
 folder (`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
 key frequencies, the induction / previous-token heads, the composing head pairs) are
 followed over time (`history`), printed when they change ("when did the induction circuit
@@ -23,6 +25,7 @@ import torch
 
 from phasewatch.callbacks.loggers import run_folder
 from phasewatch.callbacks.schedule import Schedule
+from phasewatch.callbacks.transitions import dense_now
 from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.probes.keys import is_tracked
 from phasewatch.rundir import RunFolder, is_number
@@ -76,13 +79,16 @@ class ProbeRunner(pl.Callback):
         the others when the shared schedule has it. Cheap probes that run at every
         validation join only at step 0, the initial-weights baseline."""
         step = trainer.global_step
+        dense = dense_now(trainer)
         due = []
         for p in self._probes:
             if p.name in self._own_steps:
                 if step in self._own_steps[p.name]:
                     due.append(p)
-            elif step in self._steps and (not (p.cheap and self.every_validation)
-                                          or (step == 0 and self._validated_at != 0)):
+            elif p.cheap and self.every_validation:
+                if (step == 0 or dense) and self._validated_at != step:
+                    due.append(p)
+            elif step in self._steps or dense:
                 due.append(p)
         return due
 
@@ -93,8 +99,10 @@ class ProbeRunner(pl.Callback):
         self._run(trainer, pl_module, self._scheduled(trainer))  # the last step has no next batch
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.every_validation and trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._validated_at = trainer.global_step
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        self._validated_at = trainer.global_step
+        if self.every_validation:
             self._run(trainer, pl_module, [p for p in self._probes if p.cheap and p.name not in self._own_steps])
 
     # --- what ---------------------------------------------------------------------

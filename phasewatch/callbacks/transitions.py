@@ -1,13 +1,28 @@
-"""Live phase-transition detection: a thin callback around `probes.transitions`.
+"""Live phase-transition detection in two stages: a thin callback around `probes.transitions`.
 
 Every `every_n_validations` validations it takes the series logged so far (kept in memory
-by the run folder's logger), detects transitions in the watched ones (all but the detail
-keys the probes declare), and reports each new, finished one once: a line on the console,
-the event (with `detected_at`, the step at which it was detected) handed to every logger
-that records events (the run folder's events, the W&B run summary). A transition counts as finished when the series has gone on for a while after
-its end (its end step x `settle`) and at least `points_after` more values of the series
-have been logged (a sparse series, like the LLC on its 24 steps, otherwise gets its
-transition reported half-seen, and the full one later counts as already reported).
+by the run folder's logger) and runs the detector on the watched ones (all but the detail
+keys the probes declare), asking also for changes still under way (`in_progress=True`).
+Each event gets a `stage` and `detected_at` (the step at which it was found), a console line,
+and goes to every logger that records events (the run folder's events, W&B):
+
+- `onset`: a change that stands out of the series' noise has begun and not yet ended (or has
+  ended too recently to be sure of), found in two looks in a row: a transition in progress.
+  Its `onset` is the fitted curve's 10% point so far.
+- `confirmed`: the transition with onset, midpoint, end and magnitude (the event format of
+  DESIGN.md plus `stage`), once it has been seen in two looks (the first gives its onset
+  event, unless it had long ended when first found), the run has reached `settle` x its end step and the series has `points_after` more
+  values after its end; at the end of training, every transition found. A transition found
+  again later with more than `GROWN` times the magnitude is a new one (the start of a change
+  can look finished before the rest of it comes).
+- `withdrawn`: an onset that no confirmed transition took up: when the run has reached
+  `WITHDRAW` x the last step at which a look found it (`reason`: "not found again"), or at
+  the end of training ("training ended").
+
+While an onset is pending (`dense_now(trainer)`), the probes of the shared schedule and the
+checkpoints also run at the steps of a denser log-spaced grid (`dense_count` points over the
+run: 200 put ~8 between a step and 1.4 x it; adaptive resolution, `ProbeRunner` and
+`ScheduledCheckpoints`), for at most `dense_for` x the onset's step.
 What was reported is kept in checkpoints, so a resumed run does not report it again.
 """
 
@@ -18,10 +33,28 @@ from typing import Any
 import lightning.pytorch as pl
 
 from phasewatch.callbacks.loggers import log_event, logged_series
+from phasewatch.callbacks.schedule import Schedule
 from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import detect_transitions
+from phasewatch.errors import require_int
 
+#: two events are the same transition when their spans, each widened by this factor in log-step,
+#: overlap (estimates move a little as the series grows)
 SAME = 1.5
+#: an onset is withdrawn when the run reaches this multiple of the last step at which it was found
+WITHDRAW = 2.0
+#: a confirmed transition found again with more than this factor of its magnitude is a new one
+GROWN = 4.0
+#: an onset needs this many values of the series from its 10% point on
+ONSET_POINTS = 2
+#: a change this many standard errors large is an onset when first found (a weaker one when found twice)
+SURE = 10.0
+
+
+def _same(a: dict, b: dict) -> bool:
+    return (a["metric"] == b["metric"] and a["direction"] == b["direction"]
+            and a["onset"] / SAME <= b.get("end", b["onset"]) * SAME
+            and b["onset"] / SAME <= a.get("end", a["onset"]) * SAME)
 
 
 class TransitionWatcher(pl.Callback):
@@ -29,20 +62,33 @@ class TransitionWatcher(pl.Callback):
     metrics: the series to watch (default: every logged series but the detail keys the
         probes declare: per-head, per-pair and per-frequency series, diagnostics, `lr`).
     every_n_validations: how often to look (detection costs ~0.1 s per series of a few hundred
-        points; a series of 100 points or more is looked at again once it has grown by `regrow`
-        of its points since the last time: 10% more points, ~10% more steps when logged evenly).
-    settle: report a transition once the run has reached `settle` x its end step...
+        points; a series is looked at again only once it has new points, and one of 100 points or
+        more once it has grown by `regrow` of its points since the last time: 10% more points,
+        ~10% more steps when logged evenly).
+    settle: confirm a transition once the run has reached `settle` x its end step...
     points_after: ... and the series has this many values after its end (at the end of
-        training every transition found is reported).
+        training every transition found is confirmed).
+    dense: while an onset is pending, run the scheduled probes and checkpoints also at the
+        steps of a log-spaced grid of `dense_count` points (adaptive resolution; False keeps
+        them on their schedules)...
+    dense_for: ... until confirmation or withdrawal, for at most this multiple of the onset's
+        `detected_at` step.
     """
 
-    def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 4, settle: float = 1.5,
-                 points_after: int = 3, regrow: float = 0.1):
+    def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
+                 points_after: int = 3, regrow: float = 0.1, dense: bool = True, dense_count: int = 200, dense_for: float = 3.0):
         self.metrics, self.every, self.settle = metrics, max(1, int(every_n_validations)), settle
-        self.points_after, self.regrow = points_after, regrow
-        self.reported: list[dict[str, Any]] = []
+        self.points_after, self.regrow, self.dense, self.dense_for = points_after, regrow, dense, dense_for
+        require_int(dense_count, "transitions.dense_count", 2)
+        self.dense_count = dense_count
+        self.reported: list[dict[str, Any]] = []  # every event reported, in order
+        self.pending: list[dict[str, Any]] = []  # onsets not yet confirmed or withdrawn
+        self._candidates: dict[str, list[dict]] = {}  # series -> transitions found settled but not yet twice
+        self._dense_steps: set[int] = set()
         self._validations = 0
         self._looked: dict[str, int] = {}  # series -> its number of points when last looked at
+
+    # --- when ---------------------------------------------------------------------
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn != "fit" or trainer.sanity_checking:
@@ -54,41 +100,117 @@ class TransitionWatcher(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.look(trainer, trainer.global_step, final=True)
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.plan(trainer.max_steps)
+
+    def plan(self, max_steps: int) -> None:
+        """Lay out the dense grid of a run of `max_steps` steps (adaptive resolution)."""
+        self._dense_steps = set(Schedule(kind="log", count=self.dense_count).resolve(max_steps)) if self.dense else set()
+
+    def dense_now(self, step: int) -> bool:
+        """Whether probes and checkpoints run at `step` for adaptive resolution: it is on the
+        dense grid, and an onset is pending that was found no more than `dense_for` x its step ago."""
+        return step in self._dense_steps and any(
+            step <= self.dense_for * max(p["detected_at"], 1) for p in self.pending)
+
+    # --- what ---------------------------------------------------------------------
+
     def look(self, trainer: pl.Trainer, step: int, final: bool = False) -> list[dict]:
-        series = {key: s for key, s in logged_series(trainer).items()
-                  if (key in self.metrics if self.metrics is not None else not is_detail(key))}
-        new = []
-        for key, (steps, values) in sorted(series.items()):
-            seen = self._looked.get(key, 0)
-            if not (final or seen < 100 or len(steps) >= (1 + self.regrow) * seen):
-                continue
-            self._looked[key] = len(steps)
-            for event in detect_transitions(steps, values, key):
-                settled = step >= self.settle * event["end"] and sum(s > event["end"] for s in steps) >= self.points_after
-                if (final or settled) and not self._known(event):
-                    event["detected_at"] = int(step)
-                    self.reported.append(event)
-                    new.append(event)
-                    self._announce(trainer, event)
+        """Detect in every watched series logged so far; report and return the new events."""
+        new = self.update(logged_series(trainer), step, final)
+        for event in new:
+            self._announce(trainer, event)
         return new
 
-    def _known(self, event: dict) -> bool:
-        """Already reported: same metric and direction, and spans that overlap once each is
-        widened by `SAME` in log-step (estimates move a little as the series grows)."""
-        return any(r["metric"] == event["metric"] and r["direction"] == event["direction"]
-                   and r["onset"] / SAME <= event["end"] * SAME and event["onset"] / SAME <= r["end"] * SAME
-                   for r in self.reported)
+    def update(self, series: dict, step: int, final: bool = False) -> list[dict]:
+        """The new events at `step` given the series so far ({key: (steps, values)}), recorded
+        as reported (`look` without a trainer: what bench/live_latency.py replays)."""
+        series = {key: s for key, s in series.items()
+                  if (key in self.metrics if self.metrics is not None else not is_detail(key))}
+        new: list[dict] = []
+        for key, (steps, values) in sorted(series.items()):
+            seen = self._looked.get(key, 0)
+            if not (final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen))):
+                continue
+            self._looked[key] = len(steps)
+            found = detect_transitions(steps, values, key, in_progress=not final)
+            new += self._judge(key, steps, found, step, final)
+        for event in new:
+            event["detected_at"] = int(step)
+            self.reported.append(event)
+        return new
+
+    def _judge(self, key: str, steps, found: list[dict], step: int, final: bool) -> list[dict]:
+        """The events that this look's findings in one series call for."""
+        new: list[dict] = []
+        matched: set[int] = set()
+        candidates = []
+        for event in found:
+            pending = [p for p in self.pending if _same(p, event)]
+            matched.update(id(p) for p in pending)
+            if self._confirmed(event):
+                continue
+            settled = event["kind"] == "transition" and step >= self.settle * event["end"] and \
+                sum(s > event["end"] for s in steps) >= self.points_after
+            seen = pending or any(_same(c, event) for c in self._candidates.get(key, []))
+            if event["kind"] == "transition" and (final or (settled and seen)):
+                self.pending = [p for p in self.pending if all(p is not q for q in pending)]
+                new.append({**event, "stage": "confirmed"})
+            elif settled or not (seen or final or event["snr"] >= SURE):  # said when the next look finds it again
+                candidates.append(event)
+            elif not final and not pending and sum(s >= event["onset"] for s in steps) >= ONSET_POINTS:
+                onset = {k: event[k] for k in ("metric", "direction", "onset", "snr", "confidence")}
+                self.pending.append({**onset, "stage": "onset", "detected_at": int(step)})
+                new.append(dict(self.pending[-1]))  # the pending copy also keeps when it was last seen
+                matched.add(id(self.pending[-1]))
+        self._candidates[key] = candidates
+        for p in [p for p in self.pending if p["metric"] == key]:
+            if id(p) in matched:
+                p["seen_at"] = int(step)
+            elif final or step >= WITHDRAW * max(p.get("seen_at", p["detected_at"]), 1):
+                self.pending.remove(p)
+                reason = "training ended" if final else "not found again"
+                new.append({k: p[k] for k in ("metric", "direction", "onset")} | {"stage": "withdrawn", "reason": reason})
+        return new
+
+    def _confirmed(self, event: dict) -> bool:
+        """Already confirmed: the same metric and direction, overlapping spans (`SAME`) and
+        at most `GROWN` times the magnitude (the start of a change seen early, before more of it
+        came, is not the whole change)."""
+        return any(r.get("stage", "confirmed") == "confirmed" and _same(r, event)
+                   and event["magnitude"] <= GROWN * r["magnitude"]
+                   for r in self.reported if "magnitude" in event)
 
     @staticmethod
     def _announce(trainer: pl.Trainer, event: dict) -> None:
-        print(f"phasewatch: step {event['detected_at']}: transition in {event['metric']} ({event['direction']}) "
-              f"from step {event['onset']} to {event['end']}, midpoint {event['midpoint']}, "
-              f"magnitude {event['magnitude']:.4g}")
+        at, metric, direction = event["detected_at"], event["metric"], event["direction"]
+        if event["stage"] == "onset":
+            print(f"phasewatch: step {at}: transition under way in {metric} ({direction}) since step {event['onset']}")
+        elif event["stage"] == "withdrawn":
+            print(f"phasewatch: step {at}: withdrawn: the change in {metric} ({direction}) from step "
+                  f"{event['onset']} was not a transition")
+        else:
+            print(f"phasewatch: step {at}: transition in {metric} ({direction}) "
+                  f"from step {event['onset']} to {event['end']}, midpoint {event['midpoint']}, "
+                  f"magnitude {event['magnitude']:.4g}")
         log_event(trainer, event)
 
+    # --- resume -------------------------------------------------------------------
+
     def state_dict(self) -> dict[str, Any]:
-        return {"reported": self.reported, "validations": self._validations}
+        """Everything a look depends on, so that a resumed run looks, reports and densifies as
+        the uninterrupted one would."""
+        return {"reported": self.reported, "pending": self.pending, "validations": self._validations,
+                "candidates": self._candidates, "looked": self._looked}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reported = list(state_dict.get("reported", []))
+        self.pending = list(state_dict.get("pending", []))
         self._validations = int(state_dict.get("validations", 0))
+        self._candidates = dict(state_dict.get("candidates", {}))
+        self._looked = dict(state_dict.get("looked", {}))
+
+
+def dense_now(trainer: pl.Trainer) -> bool:
+    """Whether the run's transition watcher asks for dense probes and checkpoints now."""
+    return any(cb.dense_now(trainer.global_step) for cb in trainer.callbacks if isinstance(cb, TransitionWatcher))

@@ -306,10 +306,12 @@ class _StepModel:
 
 def detect_transitions(
     steps: Sequence[float], values: Sequence[float], metric: str = "", config: DetectorConfig | None = None,
-    trends: bool = False,
+    trends: bool = False, in_progress: bool = False,
 ) -> list[dict]:
     """The transitions in one series, as event dicts (DESIGN.md), in step order; with
-    `trends=True` also the changes that cannot be told from a trend (`kind: "trend"`)."""
+    `trends=True` also the changes that cannot be told from a trend (`kind: "trend"`), with
+    `in_progress=True` also the changes that pass every test but have not ended yet
+    (`kind: "in_progress"`: a transition under way at the series' last point)."""
     cfg = config or DetectorConfig()
     t, y, use_log = _prepare(steps, values, cfg.log_values)
     if len(t) < 8 or np.ptp(t) == 0:
@@ -329,7 +331,11 @@ def detect_transitions(
     out = [e for group in _groups(chosen, coef[2:], cfg.steepness) if (e := judge.event(group)) is not None]
     if trends:
         out += judge.trend()
-    return sorted((e for e in out if e["kind"] == "transition" or trends), key=lambda e: e["midpoint"])
+    for e in out:
+        if e["kind"] == "in_progress" and not in_progress:
+            e["kind"] = "trend"  # offline, a change that runs into the series' end cannot be told from a trend
+    wanted = {"transition"} | ({"trend"} if trends else set()) | ({"in_progress"} if in_progress else set())
+    return sorted((e for e in out if e["kind"] in wanted), key=lambda e: e["midpoint"])
 
 
 def _fit_steps(tb: np.ndarray, yb: np.ndarray, w: np.ndarray, noise: float, cfg: DetectorConfig):
@@ -431,8 +437,10 @@ class _Judge:
         ended = end - onset > 0 and (end + (end - onset) / 10 <= self.t[-1]
                                      or (seen_after and at_last <= slope.max() / LEVELLING))
         seen_before = int((self.t < midpoint).sum()) >= 2  # a change before the series begins is not seen
-        kind = "transition" if ended and seen_before and end - onset <= self.cfg.max_duration * self.total \
-            else "trend"
+        if seen_before and end - onset <= self.cfg.max_duration * self.total:
+            kind = "transition" if ended else "in_progress"
+        else:
+            kind = "trend"
         # the level it leaves: the rest of the model where it happens (matters only for log values)
         rest = [i for i in range(len(self.steps)) if i not in group]
         base = float(self.model.curve([self.steps[i] for i in rest],

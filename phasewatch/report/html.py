@@ -108,7 +108,7 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
     folder = RunFolder(run_dir)
     series = load_series(folder.root)
     watched = {k: v for k, v in series.items() if not is_detail(k)}
-    events = folder.read_events() or detect_all(watched)
+    events = folder.transitions() or detect_all(watched)
     panels = [{"title": t, "keys": k, "log_y": y == "log"} for t, k, y in panel_layout(series) if k]
     reference = "val/loss" if "val/loss" in series else None
     payload = {

@@ -223,7 +223,13 @@ class RunFolder:
         return list(read_jsonl(self.metrics))
 
     def read_events(self) -> list[dict[str, Any]]:
+        """Every event: the live watcher's onsets, confirmed transitions and withdrawn onsets
+        (`stage`), and the transitions of `phasewatch analyze` (no stage)."""
         return list(read_jsonl(self.events))
+
+    def transitions(self) -> list[dict[str, Any]]:
+        """The transitions among the events: confirmed ones (an event without a stage is one)."""
+        return [e for e in self.read_events() if e.get("stage", "confirmed") == "confirmed"]
 
     def read_interventions(self) -> list[dict[str, Any]]:
         return list(read_jsonl(self.interventions))

@@ -118,6 +118,8 @@ class PhasewatchCLI(LightningCLI):
         cfg.run_dir = str(run_dir)
         cfg.model.arch = Namespace(**dataclasses.asdict(self.model.arch))
         cfg.checkpoints.dirpath = ckpt_cb.dirpath
+        if ckpt_cb.schedule is None:  # by default the probes' schedule, recorded as such
+            ckpt_cb.schedule = probe_cb.schedule
         cfg.checkpoints.schedule = Namespace(**dataclasses.asdict(ckpt_cb.schedule))
         name = Path(run_dir).name
         loggers = [RunFolderLogger(store, name)]

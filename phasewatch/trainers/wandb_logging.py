@@ -122,7 +122,8 @@ class SafeWandbLogger(WandbLogger):
     def log_event(self, event: dict) -> None:
         """A detected phase transition into the run's summary (`transition_summary`; the
         latest event of each series and direction)."""
-        self._guard(lambda: self.experiment.summary.update(transition_summary(event)))
+        if event.get("stage", "confirmed") == "confirmed":  # onsets and withdrawals have no midpoint, end, magnitude
+            self._guard(lambda: self.experiment.summary.update(transition_summary(event)))
 
     def finalize(self, status):
         """Close the W&B run at the end of fit (Lightning leaves it open, and the next

@@ -66,11 +66,21 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
                  "--model.weight_decay", "0.1", "--model.arch.d_model", "32", "--model.arch.d_mlp", "64",
                  "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
                  "--transitions.every_n_validations", "3"]) == 0
-    events = list(read_jsonl(run / "events.jsonl"))
-    assert events and all(set(e) == {"metric", "direction", "onset", "midpoint", "end", "magnitude", "detected_at",
-                                     "kind", "steepest", "snr", "confidence"} and e["kind"] == "transition"
-                          for e in events)
+    everything = list(read_jsonl(run / "events.jsonl"))
+    fields = {"onset": {"metric", "direction", "onset", "detected_at", "stage", "snr", "confidence"},
+              "withdrawn": {"metric", "direction", "onset", "detected_at", "stage", "reason"},
+              "confirmed": {"metric", "direction", "onset", "midpoint", "end", "magnitude", "detected_at",
+                            "kind", "steepest", "snr", "confidence", "stage"}}
+    assert all(set(e) == fields[e["stage"]] for e in everything), [
+        (e["stage"], set(e) ^ fields[e["stage"]]) for e in everything if set(e) != fields[e["stage"]]]
+    events = [e for e in everything if e["stage"] == "confirmed"]
+    assert events and all(e["kind"] == "transition" for e in events)
     assert all(e["onset"] <= e["midpoint"] <= e["end"] <= e["detected_at"] for e in events)
+    # a confirmed transition that had an onset event had it earlier, from the same series
+    for e in events:
+        onsets = [o for o in everything if o["stage"] == "onset" and o["metric"] == e["metric"]
+                  and o["direction"] == e["direction"] and e["onset"] / 1.5 <= o["onset"] <= e["end"] * 1.5]
+        assert all(o["detected_at"] < e["detected_at"] for o in onsets)
     acc = [e for e in events if e["metric"] == "train/acc"]
     assert acc and acc[0]["direction"] == "up"  # memorisation of the training pairs
     out = capsys.readouterr().out
@@ -81,7 +91,7 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
     # the W&B run (read back from its offline transaction log) has every value of the run folder
     (offline,) = wandb_records.offline_runs(run)
     assert wandb_records.by_step(wandb_records.history(offline)) == by_step(read_jsonl(run / "metrics.jsonl"))
-    latest = {}  # the summary keeps the latest event of each series and direction
+    latest = {}  # the summary keeps the latest confirmed transition of each series and direction
     for event in events:
         latest.update(transition_summary(event))
     assert {k: v for k, v in wandb_records.summary(offline).items() if k.startswith("transitions/")} == latest

@@ -122,7 +122,10 @@ def test_live_watcher_waits_for_a_sparse_series_to_go_on_before_reporting(tmp_pa
         with open(tmp_path / "metrics.jsonl", "w") as f:
             f.writelines(json.dumps({"step": s, "llc/estimate": v}) + "\n" for s, v in zip(steps, llc) if s <= now)
         reported += watcher.look(trainer, now, final=now == 3000)
+    stages = [e["stage"] for e in reported]
+    reported = [e for e in reported if e["stage"] == "confirmed"]
     assert [(e["metric"], e["direction"]) for e in reported] == [("llc/estimate", "up")]
+    assert stages[0] == "onset" and stages.count("withdrawn") <= 1  # under way long before it is confirmed
     # most of the rise from ~10 to 239 (its slower start, steps ~300-900, is fitted as a change of its own)
     assert 1000 <= reported[0]["midpoint"] <= 2000 and reported[0]["magnitude"] > 0.75 * (239.1 - 9.6)
 
@@ -253,6 +256,8 @@ def test_live_watcher_looks_at_long_series_again_only_once_they_grow_and_reports
             with open(tmp_path / "metrics.jsonl", "w") as f:
                 f.writelines(json.dumps({"step": int(s), "val/loss": v}) + "\n" for s, v in zip(steps, values) if s <= now)
             found += watcher.look(trainer, now, final=now == 6000)
+        assert [e["stage"] for e in found] == ["onset", "confirmed"]
+        found = found[1:]
         assert [(e["metric"], e["direction"]) for e in found] == [("val/loss", "down")]
         reported[regrow] = found[0]["detected_at"]
     assert reported[0.0] <= reported[0.1] <= 1.1 * reported[0.0] + 50

@@ -1,0 +1,216 @@
+"""When live detection speaks, against what the offline detector finds on the finished run.
+
+For every transition that `detect_transitions` finds on a finished series, this reads when the
+live watcher (`TransitionWatcher`) said it: the step of the first `onset` event as a fraction of
+the transition's midpoint, and the step of the `confirmed` event as a fraction of its end; and it
+counts the `withdrawn` onsets. Targets (issue 20): an onset before the midpoint for >= 80% of
+transitions, confirmed by 1.2 x end, at most one withdrawn onset per real run and none on a
+series without a transition.
+
+1. Synthetic series with known transitions (sigmoids in log-step time with noise, two
+   transitions in one series, a trend without a transition, flat noise), logged the way training
+   logs them (every 25 steps, as validation; or on 60 log-spaced steps, as probes) and replayed
+   look by look (a look at every validation) through `TransitionWatcher.update`, with today's
+   settings and with the previous ones (report once the run is at 1.5 x the end with 3 more
+   points, look every 4th validation; no onset stage).
+2. Real runs (`phasewatch fit`, W&B off) of the quickstart, induction_2l and digit_addition configs with
+   adaptive resolution on and off: their events.jsonl against the offline detector on the
+   finished series, the probe points and checkpoints inside each transition, and the wall time.
+
+    python bench/live_latency.py [--seeds 3] [--real quickstart induction_2l digit_addition]
+                                 [--steps 3000] [--out /tmp/live_latency]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from phasewatch.callbacks.transitions import TransitionWatcher, _same
+from phasewatch.probes.keys import is_detail
+from phasewatch.probes.transitions import detect_transitions
+from phasewatch.rundir import RunFolder
+
+DENSE = np.arange(25, 3001, 25)
+LOG60 = np.unique(np.round(np.geomspace(1, 3000, 60)).astype(int))
+
+
+def sigmoid(steps, centre, decades, height):
+    """A logistic step in log10-step time whose 10-90% part lasts `decades`."""
+    width = decades / (2 * np.log(9))
+    return height / (1 + np.exp(-(np.log10(steps) - np.log10(centre)) / width))
+
+
+KINDS = ("single drops", "drop then rise", "trend", "flat")
+
+
+def shapes(seed: int) -> list[tuple[str, callable]]:
+    """(kind, values at steps) of each synthetic series: drops centred at 150, 600 and 1,500
+    steps lasting 0.15 or 0.5 decades with noise 2% or 10% of the drop; a drop at 200 and a
+    rise at 1,500; a steady trend in log-step; flat noise."""
+    rng = np.random.default_rng(seed)
+
+    def noisy(f, noise):
+        return lambda s: f(s) + rng.normal(0, noise, len(s))
+    out = [("single drops", noisy(lambda s, c=centre, d=decades: 2 - sigmoid(s, c, d, 1.0), noise))
+           for centre in (150, 600, 1500) for decades in (0.15, 0.5) for noise in (0.02, 0.1)]
+    out.append(("drop then rise", noisy(lambda s: 2 - sigmoid(s, 200, 0.3, 1.0) + sigmoid(s, 1500, 0.3, 0.8), 0.05)))
+    out.append(("trend", noisy(lambda s: 2 - 0.3 * np.log10(s), 0.05)))
+    out.append(("flat", noisy(lambda s: 1 + 0 * s, 0.05)))
+    return out
+
+
+def replay(schedule: np.ndarray, f, watcher: TransitionWatcher, looks: np.ndarray,
+           adaptive: bool = False) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """The watcher's events when it looks at `looks` (the last one final), the series logged on
+    `schedule` (values `f(steps)`) and, with `adaptive`, also at the watcher's dense steps while
+    it asks for them; and the series logged."""
+    last = int(looks[-1])
+    watcher.plan(last)
+    on_schedule = set(int(s) for s in schedule)
+    steps: list[int] = []
+    events: list[dict] = []
+    look_at = set(int(x) for x in looks)
+    for k in range(1, last + 1):
+        if k in on_schedule or (adaptive and watcher.dense_now(k)):
+            steps.append(k)
+        if k in look_at:
+            s = np.array(steps)
+            events += watcher.update({"x": (s, values_at(f, s))}, k, final=k == last)
+    s = np.array(steps)
+    return events, s, values_at(f, s)
+
+
+def values_at(f, steps: np.ndarray) -> np.ndarray:
+    """f's values at steps, each step's value drawn once (the noise stays put as the series grows)."""
+    memo = f.__dict__.setdefault("memo", {})
+    new = [int(s) for s in steps if int(s) not in memo]
+    if new:
+        memo.update(zip(new, f(np.array(new, dtype=float))))
+    return np.array([memo[int(s)] for s in steps])
+
+
+def score(truth: list[dict], events: list[dict]) -> list[dict]:
+    """Per offline transition: first onset step / midpoint, confirmed step / end."""
+    rows = []
+    for t in truth:
+        mine = [e for e in events if e["metric"] == t["metric"] and _same(e, t)]
+        onset = next((e["detected_at"] for e in mine if e.get("stage") == "onset"), None)
+        confirmed = next((e["detected_at"] for e in mine if e.get("stage", "confirmed") == "confirmed"), None)
+        rows.append({"metric": t["metric"], "midpoint": t["midpoint"], "end": t["end"],
+                     "onset_at": onset, "onset/mid": None if onset is None else onset / t["midpoint"],
+                     "confirmed_at": confirmed, "confirmed/end": None if confirmed is None else confirmed / t["end"]})
+    return rows
+
+
+def summary(rows: list[dict], withdrawn: int, label: str) -> str:
+    n = len(rows)
+    early = sum(r["onset/mid"] is not None and r["onset/mid"] < 1 for r in rows)
+    conf = [r["confirmed/end"] for r in rows if r["confirmed/end"] is not None]
+    by = sum(c <= 1.2 for c in conf)
+    med = f"{np.median(conf):.2f}" if conf else "-"
+    onsets = [r["onset/mid"] for r in rows if r["onset/mid"] is not None]
+    omed = f"{np.median(onsets):.2f}" if onsets else "-"
+    return (f"| {label} | {n} | {early}/{n} | {omed} | {by}/{n} | {med} | {len(conf)}/{n} | {withdrawn} |")
+
+
+HEADER = ("| series | transitions | onset before midpoint | median onset / midpoint | confirmed by 1.2 x end "
+          "| median confirmed / end | confirmed at all | withdrawn onsets |\n|---|---|---|---|---|---|---|---|")
+
+
+def synthetic(seeds: int) -> None:
+    print("## Synthetic series\n")
+    settings = {"today": dict(), "previous": dict(settle=1.5, points_after=3, dense=False)}
+    for schedule_name, schedule in (("every 25 steps", DENSE), ("60 log-spaced steps", LOG60)):
+        print(f"### logged {schedule_name}, a look at every validation (every 25 steps)"
+              f"{' (today: with adaptive resolution)' if schedule is LOG60 else ''}\n")
+        print(HEADER)
+        for kind in KINDS:
+            results = {name: ([], 0) for name in settings}
+            for seed in range(seeds):
+                for this, f in shapes(seed):
+                    if this != kind:
+                        continue
+                    for setting, kwargs in settings.items():
+                        watcher = TransitionWatcher(**kwargs)
+                        looks = DENSE if setting == "today" else DENSE[3::4]
+                        events, steps, values = replay(schedule, f, watcher, looks, adaptive=schedule is LOG60)
+                        truth = detect_transitions(steps, values, "x")
+                        if setting == "previous":
+                            events = [e for e in events if e["stage"] == "confirmed"]
+                        rows, withdrawn = results[setting]
+                        rows += score(truth, events)
+                        results[setting] = (rows, withdrawn + sum(e["stage"] == "withdrawn" for e in events))
+            for setting, (rows, withdrawn) in results.items():
+                print(summary(rows, withdrawn, f"{kind}, {setting}"))
+        print()
+
+
+def real(configs: list[str], steps: int, out: Path) -> None:
+    print("## Real runs\n")
+    rows_all = []
+    for config in configs:
+        for dense in (True, False):
+            run = out / f"{config}-{'dense' if dense else 'schedule'}"
+            if not (run / "metrics.jsonl").exists():
+                cmd = [sys.executable, "-m", "phasewatch", "fit", "--config", f"configs/{config}.yaml", "--no_wandb",
+                       "--run_dir", str(run), "--trainer.max_steps", str(steps), "--transitions.dense", str(dense).lower(),
+                       "--trainer.enable_progress_bar", "false"]
+                start = time.perf_counter()
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                (run / "bench_wall_s").write_text(f"{time.perf_counter() - start:.1f}")
+            folder = RunFolder(run)
+            series = {k: v for k, v in folder.series().items() if not is_detail(k)}
+            truth = [e for k, (s, v) in series.items() for e in detect_transitions(s, v, k)]
+            events = list(folder.read_events())
+            rows = score(truth, events)
+            ckpts = [int(p.stem.split("=")[1]) for p in folder.checkpoints.glob("step=*.ckpt")]
+            for r, t in zip(rows, truth):
+                s = series[t["metric"]][0]
+                r["points"] = int(sum(t["onset"] <= x <= t["end"] for x in s))
+                r["checkpoints"] = sum(t["onset"] <= x <= t["end"] for x in ckpts)
+            withdrawn = [e for e in events if e.get("stage") == "withdrawn"]
+            rows_all.append((config, dense, rows, withdrawn, float((run / "bench_wall_s").read_text())))
+    print(HEADER)
+    for config, dense, rows, withdrawn, _ in rows_all:
+        late = sum(e.get("reason") == "training ended" for e in withdrawn)
+        print(summary(rows, len(withdrawn), f"{config}, adaptive {'on' if dense else 'off'} "
+                                            f"({late} of the withdrawn: training ended)"))
+    print("\n| run | wall time (s) | transitions | with >= 8 probe points / checkpoints inside "
+          "| median points / checkpoints inside |\n|---|---|---|---|---|")
+    for config, dense, rows, _, wall in rows_all:
+        n = len(rows)
+        probe = [r for r in rows if not r["metric"].startswith(("train/", "val/"))]
+        eight_p = sum(r["points"] >= 8 for r in probe)
+        eight_c = sum(r["checkpoints"] >= 8 for r in rows)
+        mp = np.median([r["points"] for r in probe]) if probe else float("nan")
+        mc = np.median([r["checkpoints"] for r in rows]) if rows else float("nan")
+        print(f"| {config}, adaptive {'on' if dense else 'off'} | {wall:.0f} | {n} ({len(probe)} of probes) | "
+              f"{eight_p}/{len(probe)} / {eight_c}/{n} | {mp:.0f} / {mc:.0f} |")
+    with open(out / "rows.json", "w") as f:
+        json.dump([{"config": c, "dense": d, "rows": r} for c, d, r, _, _ in rows_all], f, indent=1, default=str)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--real", nargs="*", default=["quickstart", "induction_2l", "digit_addition"])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/live_latency"))
+    parser.add_argument("--no-synthetic", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.no_synthetic:
+        synthetic(args.seeds)
+    if args.real:
+        real(args.real, args.steps, args.out)
+
+
+if __name__ == "__main__":
+    main()
