@@ -109,7 +109,14 @@ def score(truth: list[dict], events: list[dict]) -> list[dict]:
     return rows
 
 
-def summary(rows: list[dict], withdrawn: int, label: str) -> str:
+def unfound(truth: list[dict], events: list[dict]) -> int:
+    """Confirmed events that match no transition of the finished series (e.g. the start of a
+    slow change confirmed as a small one of its own before the rest came)."""
+    return sum(not any(t["metric"] == e["metric"] and _same(e, t) for t in truth)
+               for e in events if e.get("stage", "confirmed") == "confirmed")
+
+
+def summary(rows: list[dict], withdrawn: int, label: str, extra: int = 0) -> str:
     n = len(rows)
     early = sum(r["onset/mid"] is not None and r["onset/mid"] < 1 for r in rows)
     conf = [r["confirmed/end"] for r in rows if r["confirmed/end"] is not None]
@@ -117,11 +124,12 @@ def summary(rows: list[dict], withdrawn: int, label: str) -> str:
     med = f"{np.median(conf):.2f}" if conf else "-"
     onsets = [r["onset/mid"] for r in rows if r["onset/mid"] is not None]
     omed = f"{np.median(onsets):.2f}" if onsets else "-"
-    return (f"| {label} | {n} | {early}/{n} | {omed} | {by}/{n} | {med} | {len(conf)}/{n} | {withdrawn} |")
+    return (f"| {label} | {n} | {early}/{n} | {omed} | {by}/{n} | {med} | {len(conf)}/{n} | {withdrawn} | {extra} |")
 
 
 HEADER = ("| series | transitions | onset before midpoint | median onset / midpoint | confirmed by 1.2 x end "
-          "| median confirmed / end | confirmed at all | withdrawn onsets |\n|---|---|---|---|---|---|---|---|")
+          "| median confirmed / end | confirmed at all | withdrawn onsets | confirmed, not found offline |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 
 
 def synthetic(seeds: int) -> None:
@@ -132,7 +140,7 @@ def synthetic(seeds: int) -> None:
               f"{' (today: with adaptive resolution)' if schedule is LOG60 else ''}\n")
         print(HEADER)
         for kind in KINDS:
-            results = {name: ([], 0) for name in settings}
+            results = {name: ([], 0, 0) for name in settings}
             for seed in range(seeds):
                 for this, f in shapes(seed):
                     if this != kind:
@@ -144,11 +152,12 @@ def synthetic(seeds: int) -> None:
                         truth = detect_transitions(steps, values, "x")
                         if setting == "previous":
                             events = [e for e in events if e["stage"] == "confirmed"]
-                        rows, withdrawn = results[setting]
+                        rows, withdrawn, extra = results[setting]
                         rows += score(truth, events)
-                        results[setting] = (rows, withdrawn + sum(e["stage"] == "withdrawn" for e in events))
-            for setting, (rows, withdrawn) in results.items():
-                print(summary(rows, withdrawn, f"{kind}, {setting}"))
+                        results[setting] = (rows, withdrawn + sum(e["stage"] == "withdrawn" for e in events),
+                                            extra + unfound(truth, events))
+            for setting, (rows, withdrawn, extra) in results.items():
+                print(summary(rows, withdrawn, f"{kind}, {setting}", extra))
         print()
 
 
@@ -176,15 +185,16 @@ def real(configs: list[str], steps: int, out: Path) -> None:
                 r["points"] = int(sum(t["onset"] <= x <= t["end"] for x in s))
                 r["checkpoints"] = sum(t["onset"] <= x <= t["end"] for x in ckpts)
             withdrawn = [e for e in events if e.get("stage") == "withdrawn"]
-            rows_all.append((config, dense, rows, withdrawn, float((run / "bench_wall_s").read_text())))
+            rows_all.append((config, dense, rows, withdrawn, float((run / "bench_wall_s").read_text()),
+                             unfound(truth, events)))
     print(HEADER)
-    for config, dense, rows, withdrawn, _ in rows_all:
+    for config, dense, rows, withdrawn, _, extra in rows_all:
         late = sum(e.get("reason") == "training ended" for e in withdrawn)
         print(summary(rows, len(withdrawn), f"{config}, adaptive {'on' if dense else 'off'} "
-                                            f"({late} of the withdrawn: training ended)"))
+                                            f"({late} of the withdrawn: training ended)", extra))
     print("\n| run | wall time (s) | transitions | with >= 8 probe points / checkpoints inside "
           "| median points / checkpoints inside |\n|---|---|---|---|---|")
-    for config, dense, rows, _, wall in rows_all:
+    for config, dense, rows, _, wall, _ in rows_all:
         n = len(rows)
         probe = [r for r in rows if not r["metric"].startswith(("train/", "val/"))]
         eight_p = sum(r["points"] >= 8 for r in probe)
@@ -194,7 +204,7 @@ def real(configs: list[str], steps: int, out: Path) -> None:
         print(f"| {config}, adaptive {'on' if dense else 'off'} | {wall:.0f} | {n} ({len(probe)} of probes) | "
               f"{eight_p}/{len(probe)} / {eight_c}/{n} | {mp:.0f} / {mc:.0f} |")
     with open(out / "rows.json", "w") as f:
-        json.dump([{"config": c, "dense": d, "rows": r} for c, d, r, _, _ in rows_all], f, indent=1, default=str)
+        json.dump([{"config": c, "dense": d, "rows": r} for c, d, r, *_ in rows_all], f, indent=1, default=str)
 
 
 def main() -> None:

@@ -49,6 +49,10 @@ GROWN = 4.0
 ONSET_POINTS = 2
 #: a change this many standard errors large is an onset when first found (a weaker one when found twice)
 SURE = 10.0
+#: before the end of training, a change counts (for an onset or a confirmation) only with this
+#: detector confidence or more (~1.7 standard errors past the tests: a run looks hundreds of times,
+#: and a change that only just passes in one look is often noise that the next one drops)
+SURE_ENOUGH = 0.95
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -148,7 +152,7 @@ class TransitionWatcher(pl.Callback):
         for event in found:
             pending = [p for p in self.pending if _same(p, event)]
             matched.update(id(p) for p in pending)
-            if self._confirmed(event):
+            if self._confirmed(event) or (not final and event["confidence"] < SURE_ENOUGH):
                 continue
             settled = event["kind"] == "transition" and step >= self.settle * event["end"] and \
                 sum(s > event["end"] for s in steps) >= self.points_after

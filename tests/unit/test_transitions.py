@@ -261,3 +261,70 @@ def test_live_watcher_looks_at_long_series_again_only_once_they_grow_and_reports
         assert [(e["metric"], e["direction"]) for e in found] == [("val/loss", "down")]
         reported[regrow] = found[0]["detected_at"]
     assert reported[0.0] <= reported[0.1] <= 1.1 * reported[0.0] + 50
+
+
+def _watch(watcher, steps, values, looks, end=True):
+    """Replay a growing series through the watcher, a look at each of `looks` (the last one
+    final, as at the end of training, when `end`)."""
+    events = []
+    for now in looks:
+        keep = steps <= now
+        events += watcher.update({"val/loss": (steps[keep], values[keep])}, int(now), final=end and now == looks[-1])
+    return events
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_onset_comes_before_the_midpoint_and_the_confirmation_by_1_2_x_the_end(seed):
+    """A drop from ~560 to ~1,800 (0.5 decades, midpoint 1,000) logged every 25 steps, looked at
+    every 25: the watcher says it is under way before its midpoint and confirms it by 1.2 x its
+    end, once each, with nothing withdrawn."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(25, 4001, 25)
+    width = 0.5 / (2 * math.log(9))
+    values = 2 - sigmoid_in_log_steps(steps, 1000, width) + np.random.default_rng(seed).normal(0, 0.02, len(steps))
+    events = _watch(TransitionWatcher(), steps, values, steps)
+    # the drop's start (its exponential tail in log-step) can come out of the noise as a small
+    # change of its own before the rest follows: it is confirmed as that, and the drop is a new one
+    early = [e for e in events if e["stage"] == "confirmed" and e["magnitude"] < 0.1]
+    assert all(e["end"] < 600 for e in early)
+    events = [e for e in events if e not in early]
+    assert [e["stage"] for e in events] == ["onset", "confirmed"], events
+    onset, confirmed = events
+    assert onset["detected_at"] < confirmed["midpoint"] and 500 <= confirmed["midpoint"] <= 1200
+    assert confirmed["end"] < confirmed["detected_at"] <= 1.2 * confirmed["end"]
+    assert onset["direction"] == confirmed["direction"] == "down"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_onset_on_flat_noise_or_a_steady_trend(seed):
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(25, 3001, 25)
+    noise = np.random.default_rng(seed).normal(0, 0.05, len(steps))
+    for values in (1 + noise, 2 - 0.3 * np.log10(steps) + noise):
+        assert _watch(TransitionWatcher(), steps, values, steps) == []
+
+
+def test_a_change_still_under_way_when_training_stops_is_withdrawn_and_dense_until_then():
+    """The run stops in the middle of a drop: its onset is reported, asks for dense probes and
+    checkpoints on the grid while pending (never beyond `dense_for` x its step), and is withdrawn
+    at the end ("training ended"), not confirmed."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(25, 1101, 25)
+    values = 2 - sigmoid_in_log_steps(steps, 1000, 0.1) + np.random.default_rng(0).normal(0, 0.01, len(steps))
+    watcher = TransitionWatcher(dense_for=1.5)
+    watcher.plan(1100)
+    grid = sorted(watcher._dense_steps)
+    assert not any(watcher.dense_now(s) for s in grid)  # nothing pending yet
+    events = _watch(watcher, steps, values, steps[:-1], end=False)
+    assert [e["stage"] for e in events][-1:] == ["onset"] and len(watcher.pending) == 1
+    assert not [e for e in events if e["stage"] == "confirmed" and e["end"] > 500]  # (a small early start may be)
+    at = events[-1]["detected_at"]
+    dense = [s for s in range(1, 1101) if watcher.dense_now(s)]
+    assert dense and set(dense) <= set(grid) and max(dense) <= 1.5 * at
+    assert len([s for s in grid if at < s <= 1.5 * at]) >= 8  # ~8 grid steps per factor 1.4
+    final = watcher.update({"val/loss": (steps, values)}, 1100, final=True)
+    assert [(e["stage"], e["reason"]) for e in final] == [("withdrawn", "training ended")]
+    assert not watcher.pending and not any(watcher.dense_now(s) for s in grid)
