@@ -124,7 +124,8 @@ class PhasewatchCLI(LightningCLI):
         name = Path(run_dir).name
         loggers = [RunFolderLogger(store, name)]
         if cfg.get("wandb") and self.subcommand == "fit":
-            wandb_logger = make_wandb_logger(store, name, cfg.get("wandb_project"), self.config_dump_dict())
+            step = read_checkpoint(cfg.ckpt_path).get("global_step") if resuming else None
+            wandb_logger = make_wandb_logger(store, name, cfg.get("wandb_project"), self.config_dump_dict(), step)
             if wandb_logger is not None:
                 loggers.append(wandb_logger)
         kwargs.setdefault("logger", loggers)

@@ -191,7 +191,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
             events = record_transitions(store, keys)
             if wandb_logger:
                 for event in events:
-                    wandb_logger.log_event(event)
+                    wandb_logger.log_event(event, alert=False)  # found after training: no alert
             ok = True
         finally:
             if wandb_logger:

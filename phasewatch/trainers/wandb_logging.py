@@ -51,6 +51,18 @@ def offline_hint(store: RunFolder) -> str:
             f"Upload later with: wandb sync {store.wandb_dir}/offline-run-*")
 
 
+#: the columns of the run's events table (summary key `transitions/events`); an event lacking one leaves it empty
+EVENT_COLUMNS = ("stage", "metric", "direction", "onset", "midpoint", "end", "magnitude", "detected_at", "kind",
+                 "confidence", "reason")
+#: at most this many W&B alerts per run (one per headline series and direction at most)
+MAX_ALERTS = 5
+
+
+def event_row(event: dict) -> list:
+    """An event as a row of the events table (an event without a stage is a confirmed transition)."""
+    return [event.get("stage", "confirmed") if c == "stage" else event.get(c) for c in EVENT_COLUMNS]
+
+
 def transition_summary(event: dict) -> dict[str, Any]:
     """A detected phase transition as W&B summary keys
     `transitions/<metric>/<direction>/<onset|midpoint|end|magnitude>`."""
@@ -64,7 +76,13 @@ class SafeWandbLogger(WandbLogger):
     (`restore_checkpoint_state`)."""
 
     _failed = False
-    folder: RunFolder | None = None
+    folder: RunFolder | None = None  # set for an offline run: a resume replays it
+    events_of: RunFolder | None = None  # the run folder whose events the events table starts from on resume
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._rows: list[list] = []  # the events table so far
+        self._alerted: set[tuple[str, str]] = set()
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Kept in each checkpoint, so that resuming from it calls `restore_checkpoint_state`."""
@@ -79,13 +97,15 @@ class SafeWandbLogger(WandbLogger):
         checkpoint is logged once, by the resumed training. Online runs keep their history on
         the server and replay nothing."""
         if self.folder is None:
+            if self.events_of is not None:  # online: the events table starts from the events so far
+                self._rows = [event_row(e) for e in self.events_of.read_events()]
             return
         for record in self.folder.read_metrics():
             if isinstance(record.get("step"), int):
                 values = {k: math.nan if v is None else v for k, v in record.items() if k != "step"}
                 self.log_metrics(values, step=record["step"])
         for event in self.folder.read_events():
-            self.log_event(event)
+            self.log_event(event, alert=False)
 
     def _guard(self, fn, *args: Any, **kwargs: Any) -> Any:
         if self._failed:
@@ -119,11 +139,30 @@ class SafeWandbLogger(WandbLogger):
     def after_save_checkpoint(self, checkpoint_callback):
         return self._guard(super().after_save_checkpoint, checkpoint_callback)
 
-    def log_event(self, event: dict) -> None:
-        """A detected phase transition into the run's summary (`transition_summary`; the
-        latest event of each series and direction)."""
-        if event.get("stage", "confirmed") == "confirmed":  # onsets and withdrawals have no midpoint, end, magnitude
-            self._guard(lambda: self.experiment.summary.update(transition_summary(event)))
+    def log_event(self, event: dict, alert: bool = True) -> None:
+        """A live event (onset, confirmed, withdrawn; docs/phases.md) into the run's events table
+        (summary key `transitions/events`, every event so far); a confirmed transition also into
+        the summary (`transition_summary`: the latest of each series and direction), and, for a
+        headline series, a W&B alert (at most one per series and direction, `MAX_ALERTS` per run)."""
+        import wandb
+
+        from phasewatch.probes.keys import headline_keys
+
+        self._rows.append(event_row(event))
+        table = wandb.Table(columns=list(EVENT_COLUMNS), data=[list(r) for r in self._rows], allow_mixed_types=True)
+        self._guard(lambda: self.experiment.summary.update({"transitions/events": table}))
+        if event.get("stage", "confirmed") != "confirmed":  # onsets and withdrawals have no midpoint, end, magnitude
+            return
+        self._guard(lambda: self.experiment.summary.update(transition_summary(event)))
+        key = (event["metric"], event["direction"])
+        if alert and event["metric"] in headline_keys() and key not in self._alerted and len(self._alerted) < MAX_ALERTS:
+            self._alerted.add(key)
+            self._guard(lambda: self.experiment.alert(
+                title=f"phase transition in {event['metric']}",
+                text=(f"{event['metric']} went {event['direction']} by {event['magnitude']:.4g} from step "
+                      f"{event['onset']} to {event['end']} (midpoint {event['midpoint']}; seen at step "
+                      f"{event.get('detected_at', '?')})"),
+                level=wandb.AlertLevel.INFO))
 
     def finalize(self, status):
         """Close the W&B run at the end of fit (Lightning leaves it open, and the next
@@ -134,10 +173,13 @@ class SafeWandbLogger(WandbLogger):
             self._experiment = None
 
 
-def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[str, Any]) -> SafeWandbLogger | None:
+def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[str, Any],
+                      resume_step: int | None = None) -> SafeWandbLogger | None:
     """A logger writing under `<run_dir>/wandb`, resuming the W&B run id kept in the run
     folder (a new run takes `WANDB_RUN_ID` when `wandb agent` set it, so that the run
-    joins the agent's sweep); None when W&B is disabled. The run's group
+    joins the agent's sweep); None when W&B is disabled. Resuming from a checkpoint at
+    `resume_step`, an online run rewinds W&B's history to that step (`resume_from`, W&B's
+    rewind), so the steps after it are not logged twice. The run's group
     (`WANDB_RUN_GROUP`, e.g. set by `phasewatch sweep`) is kept in the folder too, for
     the runs of `phasewatch analyze`."""
     mode = wandb_mode()
@@ -152,11 +194,13 @@ def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[st
         store.set_wandb_group(group)
     if mode == "offline":
         print(offline_hint(store))
+    rewind = mode == "online" and resume_step is not None
     logger = SafeWandbLogger(
-        name=name, project=project, save_dir=str(store.root), id=run_id, resume="allow", mode=mode,
-        config=config, group=group, log_model=False,
+        name=name, project=project, save_dir=str(store.root), id=run_id, mode=mode, config=config, group=group,
+        log_model=False, **({"resume_from": f"{run_id}?_step={resume_step}", "resume": None} if rewind else {"resume": "allow"}),
     )
     logger.folder = store if mode == "offline" else None  # a resumed offline run replays the folder's history
+    logger.events_of = store
     return logger
 
 

@@ -50,7 +50,12 @@ def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, 
     latest = {}
     for event in events:
         latest.update(transition_summary(event))
-    assert {k: v for k, v in wandb_records.summary(analysis).items() if k.startswith("transitions/")} == latest
+    assert {k: v for k, v in wandb_records.summary(analysis).items()
+            if k.startswith("transitions/") and k != "transitions/events"} == latest
+    table = wandb_records.summary_table(analysis, "transitions/events")  # every event, in order
+    assert [row[:5] for row in table["data"]] == [["confirmed", e["metric"], e["direction"], e["onset"], e["midpoint"]]
+                                                  for e in events]
+    assert wandb_records.alerts(analysis) == []  # alerts are for training runs, while they train
 
     info = wandb_records.run_info(analysis)
     training_id = (trained / "wandb_id").read_text().strip()

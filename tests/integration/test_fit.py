@@ -15,6 +15,8 @@ import yaml
 from phasewatch.trainers.cli import main
 from phasewatch.rundir import read_jsonl
 
+from . import wandb_records
+
 TINY = ["--model.arch.d_model", "16", "--model.arch.n_heads", "2", "--model.arch.d_head", "8",
         "--model.arch.d_mlp", "32", "--trainer.enable_progress_bar", "false"]
 
@@ -79,16 +81,20 @@ RESUME_CHECKPOINTS = ["--checkpoints.last_every", "20", "--checkpoints.schedule.
                       "--checkpoints.schedule.steps", "[0]"]
 
 
-def _subprocess_fit(run_dir, *extra):
+def _subprocess_fit(run_dir, *extra, wandb=False):
     cmd = [sys.executable, "-m", "phasewatch", "fit", *TASKS["modular_addition"], "--run_dir", str(run_dir),
            "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps", "5",
-           *RESUME_CHECKPOINTS, "--no_wandb", *TINY, *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+           *RESUME_CHECKPOINTS, *([] if wandb else ["--no_wandb"]), *TINY, *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=wandb_records.offline_env() if wandb else None)
 
 
 def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
+    """Killed mid-run and resumed from last.ckpt, with W&B offline: the run folder and the W&B
+    history that `wandb sync` uploads (the newest offline file, README) equal an uninterrupted
+    run's, step by step."""
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    proc = _subprocess_fit(killed)
+    proc = _subprocess_fit(killed, wandb=True)
     deadline = time.time() + 300
     while time.time() < deadline:  # SIGKILL it mid-run
         steps = [r["step"] for r in read_jsonl(killed / "metrics.jsonl")]
@@ -102,16 +108,26 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
     logged = max(r["step"] for r in read_jsonl(killed / "metrics.jsonl"))
     assert 0 < last_step <= logged < STEPS  # killed mid-run; what came after last.ckpt is rolled back
 
-    assert main(["fit", "--run_dir", str(killed), "--ckpt_path", "last", "--no_wandb"]) == 0
-    assert main(["fit", *TASKS["modular_addition"], "--run_dir", str(whole), "--trainer.max_steps", str(STEPS),
-                 "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps", "5",
-                 *RESUME_CHECKPOINTS, "--no_wandb", *TINY]) == 0
+    resume = subprocess.run([sys.executable, "-m", "phasewatch", "fit", "--run_dir", str(killed), "--ckpt_path", "last"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=wandb_records.offline_env())
+    assert resume.returncode == 0, resume.stderr
+    uninterrupted = _subprocess_fit(whole, wandb=True)
+    assert uninterrupted.wait() == 0, uninterrupted.stderr.read()
     resumed, reference = list(read_jsonl(killed / "metrics.jsonl")), list(read_jsonl(whole / "metrics.jsonl"))
     keys = lambda rs: [(r["step"], sorted(r)) for r in rs]  # noqa: E731
     assert keys(resumed) == keys(reference)  # every step and key exactly once
     assert resumed == reference  # same seed, data order, optimizer state: the very same numbers
     # and the live transition detector reported the same events, none twice
     assert list(read_jsonl(killed / "events.jsonl")) == list(read_jsonl(whole / "events.jsonl"))
+    # W&B: two offline files for the killed run (one per process), one for the uninterrupted run; the
+    # newest holds the whole history, every step once, with the uninterrupted run's values
+    (reference_wandb,), offline = wandb_records.offline_runs(whole), wandb_records.offline_runs(killed)
+    assert len(offline) == 2
+    history = wandb_records.by_step(wandb_records.history(offline[-1]))
+    assert history == wandb_records.by_step(wandb_records.history(reference_wandb))
+    assert sorted(history) == sorted({r["step"] for r in reference})
+    tables = [wandb_records.summary_table(o, "transitions/events")["data"] for o in (offline[-1], reference_wandb)]
+    assert tables[0] == tables[1]
 
 
 def test_wandb_offline_run_and_sync_hint(tmp_path, capsys, monkeypatch):
@@ -154,3 +170,27 @@ def test_resuming_from_a_checkpoint_between_validations_logs_exactly_as_an_unint
     ckpt = tmp_path / "b" / "checkpoints" / f"step={step:07d}.ckpt"
     assert main(["fit", "--run_dir", str(tmp_path / "b"), "--ckpt_path", str(ckpt)]) == 0
     assert (tmp_path / "b" / "metrics.jsonl").read_text() == (tmp_path / "a" / "metrics.jsonl").read_text()
+
+
+def test_an_online_resume_rewinds_wandb_to_the_checkpoint_step(tmp_path, monkeypatch):
+    """Online, a resumed run asks W&B to rewind its history to the checkpoint's step (`resume_from`,
+    which W&B's own settings accept), so the steps after it are not logged twice; a new run and an
+    offline resume do not rewind (offline, the newest file replays the run folder instead)."""
+    import wandb
+
+    from phasewatch.rundir import RunFolder
+    from phasewatch.trainers.wandb_logging import make_wandb_logger
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    store = RunFolder(tmp_path / "run")
+    store.create()
+    resumed = make_wandb_logger(store, "run", "phasewatch", {}, resume_step=120)
+    run_id = store.wandb_id()
+    assert resumed._wandb_init["resume_from"] == f"{run_id}?_step=120" and resumed._wandb_init["resume"] is None
+    moment = wandb.Settings(run_id=run_id, resume_from=resumed._wandb_init["resume_from"]).resume_from
+    assert (moment.run, moment.metric, moment.value) == (run_id, "_step", 120)
+    new = make_wandb_logger(store, "run", "phasewatch", {})
+    assert "resume_from" not in new._wandb_init and new._wandb_init["resume"] == "allow"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    offline = make_wandb_logger(store, "run", "phasewatch", {}, resume_step=120)
+    assert "resume_from" not in offline._wandb_init and offline.folder is store

@@ -297,10 +297,7 @@ def test_wandb_matches_the_run_folder_after_several_kills(tmp_path):
     from . import wandb_records
 
     run = tmp_path / "run"
-    # each process with a W&B service of its own, as a user's would be (not this test process's, which
-    # earlier tests may have started and which outlives a killed child)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_SERVICE", "_WANDB"))}
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    env = wandb_records.offline_env()
     first = [sys.executable, "-m", "phasewatch", "fit", *[a for a in TINY if a != "--no_wandb"], "--run_dir", str(run),
              "--trainer.max_steps", "400", "--trainer.val_check_interval", "20", "--trainer.log_every_n_steps", "5",
              "--checkpoints.last_every", "30", "--checkpoints.schedule.kind", "list", "--checkpoints.schedule.steps", "[0]"]

@@ -81,6 +81,17 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
         onsets = [o for o in everything if o["stage"] == "onset" and o["metric"] == e["metric"]
                   and o["direction"] == e["direction"] and e["onset"] / 1.5 <= o["onset"] <= e["end"] * 1.5]
         assert all(o["detected_at"] < e["detected_at"] for o in onsets)
+    # adaptive resolution: checkpoints and probe values off the probes' schedule exist only on the
+    # watcher's dense grid, while some onset was pending (from its step to 3 x it at most)
+    from phasewatch.callbacks.schedule import Schedule
+    scheduled, grid = set(Schedule(kind="log", count=60).resolve(300)), set(Schedule(kind="log", count=200).resolve(300))
+    saved = {int(p.stem.split("=")[1]) for p in (run / "checkpoints").glob("step=*.ckpt")}
+    extra = saved - scheduled
+    onsets = [e["detected_at"] for e in everything if e["stage"] == "onset"]
+    assert scheduled <= saved and extra and extra <= grid, (sorted(saved), onsets)
+    assert all(any(at <= s <= 3 * at for at in onsets) for s in extra)
+    probed = {r["step"] for r in read_jsonl(run / "metrics.jsonl") if "grok/restricted_loss" in r}
+    assert extra <= probed  # the scheduled probes ran there too
     acc = [e for e in events if e["metric"] == "train/acc"]
     assert acc and acc[0]["direction"] == "up"  # memorisation of the training pairs
     out = capsys.readouterr().out
@@ -94,7 +105,22 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
     latest = {}  # the summary keeps the latest confirmed transition of each series and direction
     for event in events:
         latest.update(transition_summary(event))
-    assert {k: v for k, v in wandb_records.summary(offline).items() if k.startswith("transitions/")} == latest
+    assert {k: v for k, v in wandb_records.summary(offline).items()
+            if k.startswith("transitions/") and k != "transitions/events"} == latest
+    # every event is a row of the events table, in order
+    table = wandb_records.summary_table(offline, "transitions/events")
+    assert table["columns"][:3] == ["stage", "metric", "direction"]
+    assert [row[:4] for row in table["data"]] == [[e["stage"], e["metric"], e["direction"], e["onset"]]
+                                                   for e in everything]
+    # an alert for the first confirmed transition of each headline series and direction (val/loss, ...), no other
+    from phasewatch.probes.keys import headline_keys
+    first = []
+    for e in events:
+        if e["metric"] in headline_keys() and (e["metric"], e["direction"]) not in [(m, d) for m, d, _ in first]:
+            first.append((e["metric"], e["direction"], e["midpoint"]))
+    sent = wandb_records.alerts(offline)
+    assert first and [a["title"] for a in sent] == [f"phase transition in {m}" for m, _, _ in first[:5]]
+    assert all(f"midpoint {mid}" in a["text"] for a, (_, _, mid) in zip(sent, first))
     info = wandb_records.run_info(offline)
     assert info["id"] == (run / "wandb_id").read_text().strip() and info["name"] == "run"
     assert info["config"]["model"]["weight_decay"] == 0.1

@@ -94,6 +94,30 @@ def summary(offline_run: Path) -> dict:
     return state
 
 
+def summary_table(offline_run: Path, key: str) -> dict:
+    """A table kept in the run's summary ({"columns", "data"}), read from the file W&B wrote."""
+    ref = summary(offline_run)[key]
+    assert ref.get("_type") == "table-file", f"summary key {key!r} is not a table: {ref!r}"
+    return json.loads((Path(offline_run) / "files" / ref["path"]).read_text())
+
+
+def alerts(offline_run: Path) -> list[dict]:
+    """The alerts the run sent, in order ({"title", "text", "level"})."""
+    return [{"title": r.alert.title, "text": r.alert.text, "level": r.alert.level}
+            for r in read_records(offline_run) if r.WhichOneof("record_type") == "alert"]
+
+
+def offline_env() -> dict:
+    """The environment for a child process with an offline W&B run and a W&B service of its own,
+    as a user's would be (not this test process's, which earlier tests may have started and which
+    outlives a killed child)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_SERVICE", "_WANDB"))}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    return env
+
+
 def run_info(offline_run: Path) -> dict:
     """The run record's id, name, group, job type and config (keys as W&B stored them)."""
     for record in read_records(offline_run):

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "phasewatch"
-#: names of the run folder's files (and the sweep folder's), wherever code spells them
+#: names of the run folder's files (and the sweep folder's), wherever code spells them (`?_step=` is W&B's rewind, not a file name)
 RUN_FOLDER_FILES = re.compile(
     r"metrics\.jsonl|events\.jsonl|interventions\.jsonl|analyses\.jsonl|config\.yaml|last\.ckpt|report\.html"
-    r"|sweep\.json|pca\.npy|step=|(^|/)(checkpoints|arrays|figures|logs|wandb)/")
+    r"|sweep\.json|pca\.npy|(?<!_)step=|(^|/)(checkpoints|arrays|figures|logs|wandb)/")
 #: names of its folders and id files: flagged where they join a path (`x / "arrays"`, os.path.join)
 #: and not as configuration keys (`--checkpoints.schedule`, `config.get("wandb")`)
 RUN_FOLDER_PARTS = {"checkpoints", "arrays", "figures", "logs", "wandb", "wandb_id", "wandb_group", ".lock"}
