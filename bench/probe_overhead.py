@@ -4,8 +4,11 @@ training-time overhead of the default probe schedule (target: under 10%).
 Both measured in this process on the same model: a training step (forward, backward,
 AdamW) of the task's natural batch, and each default probe of the task; then the
 overhead of the default schedule = probe runs x probe time / (max_steps x step time).
+Two counts of runs: the schedule's (shared log-spaced schedule; cheap probes at every
+validation), and the most that adaptive resolution can add (`TransitionWatcher`: every
+step of its dense grid, as if an onset were pending for the whole run).
 
-    python bench/probe_overhead.py [--config configs/quickstart.yaml]
+    python bench/probe_overhead.py [--config configs/quickstart.yaml ...] [--markdown]
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import torch
 from baseline_setup import build_from_config
 
 from phasewatch.callbacks.probes import ProbeRunner
+from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.probes import default_probes, get_probe
+from phasewatch.callbacks.schedule import Schedule
 from phasewatch.trainers.module import masked_loss
 
 
@@ -33,12 +38,9 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="configs/quickstart.yaml")
-    ap.add_argument("--repeats", type=int, default=5)
-    a = ap.parse_args()
-    cfg, module = build_from_config(a.config)
+def measure(config: str, repeats: int) -> list[dict]:
+    """One row per default probe of the config: its time, in training steps, runs and overhead."""
+    cfg, module = build_from_config(config)
     task = module.task
     native = module.model.original_model
     opt = torch.optim.AdamW(native.parameters(), lr=1e-3)
@@ -50,24 +52,57 @@ def main() -> int:
         loss.backward()
         opt.step()
 
-    step_s = timed(step, a.repeats * 4)
+    step_s = timed(step, repeats * 4)
     max_steps = cfg["trainer"]["max_steps"]
     val_every = cfg["trainer"].get("val_check_interval", 25)
-    runner = ProbeRunner()
-    scheduled = len(runner.schedule.resolve(max_steps))
-    print(f"{a.config}: one training step {step_s * 1e3:.1f} ms; {max_steps} steps")
-    total = 0.0
-    for name in default_probes(task):
+    probes_cfg = cfg.get("probes") or {}
+    schedule = Schedule(**probes_cfg["schedule"]) if probes_cfg.get("schedule") else ProbeRunner().schedule
+    scheduled = set(schedule.resolve(max_steps))
+    options = probes_cfg.get("options") or {}
+    validations = set(range(val_every, max_steps + 1, val_every))
+    dense = set(Schedule(kind="log", count=TransitionWatcher().dense_count).resolve(max_steps))
+    print(f"{config}: one training step {step_s * 1e3:.1f} ms; {max_steps} steps", file=sys.stderr)
+    rows = []
+    for name in probes_cfg.get("names") or default_probes(task):
         probe = get_probe(name, task)
         module.model.eval()
         with torch.no_grad():
-            probe_s = timed(lambda: probe(module.model, task), a.repeats)
+            probe_s = timed(lambda: probe(module.model, task, **options.get(name, {})), repeats)
         module.model.train()
-        runs = max_steps // val_every if probe.cheap else scheduled
-        total += runs * probe_s
-        print(f"  probe {name}: {probe_s * 1e3:.1f} ms = {probe_s / step_s:.1f} training steps; "
-              f"{runs} runs ({'every validation' if probe.cheap else 'log-spaced schedule'})")
-    print(f"  default schedule overhead: {100 * total / (max_steps * step_s):.1f}% of training time (target < 10%)")
+        steps = validations if probe.cheap else scheduled
+        rows.append(dict(config=config, probe=name, ms=probe_s * 1e3, in_steps=probe_s / step_s,
+                         runs=len(steps), runs_dense=len(steps | dense), cheap=probe.cheap,
+                         overhead=len(steps) * probe_s / (max_steps * step_s),
+                         overhead_dense=len(steps | dense) * probe_s / (max_steps * step_s)))
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", nargs="+", default=["configs/quickstart.yaml"])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--markdown", action="store_true", help="one table for all configs, with totals")
+    a = ap.parse_args()
+    if a.markdown:
+        print("| config | probe | one run | in training steps | runs (schedule) | overhead | runs, adaptive at most | overhead |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for config in a.config:
+        rows = measure(config, a.repeats)
+        for r in rows:
+            when = "every validation" if r["cheap"] else "log-spaced"
+            if a.markdown:
+                print(f"| {config} | {r['probe']} | {r['ms']:.1f} ms | {r['in_steps']:.1f} | {r['runs']} ({when}) "
+                      f"| {100 * r['overhead']:.1f}% | {r['runs_dense']} | {100 * r['overhead_dense']:.1f}% |")
+            else:
+                print(f"  probe {r['probe']}: {r['ms']:.1f} ms = {r['in_steps']:.1f} training steps; {r['runs']} runs "
+                      f"({when}), at most {r['runs_dense']} with adaptive resolution")
+        total = sum(r["overhead"] for r in rows)
+        total_dense = sum(r["overhead_dense"] for r in rows)
+        if a.markdown:
+            print(f"| {config} | **all** | | | | **{100 * total:.1f}%** | | **{100 * total_dense:.1f}%** |")
+        else:
+            print(f"  default schedule overhead: {100 * total:.1f}% of training time, at most {100 * total_dense:.1f}% "
+                  "with adaptive resolution (target < 10%)")
     return 0
 
 

@@ -43,21 +43,6 @@ def components(model) -> list[tuple[str, str, int | None]]:
     return out
 
 
-def _replace(value_of: torch.Tensor, head: int | None):
-    """A forward hook that puts `value_of` (broadcast over the batch) in place of the
-    component's output (one head's slice of hook_z, or the whole output)."""
-
-    def hook(value: torch.Tensor, hook=None) -> torch.Tensor:
-        value = value.clone()
-        if head is None:
-            value[...] = value_of
-        else:
-            value[:, :, head] = value_of
-        return value
-
-    return hook
-
-
 def position_means(model, batches, names: set[str]) -> dict[str, torch.Tensor]:
     """Each hook's mean output at each position over every held-out sequence that has
     that position. Over the whole held-out set, not per batch: a RASP task's batches
@@ -79,9 +64,38 @@ def position_means(model, batches, names: set[str]) -> dict[str, torch.Tensor]:
     return {name: (s / counts.clamp_min(1).reshape(-1, *[1] * (s.dim() - 1))).float() for name, s in sums.items()}
 
 
+def held_out_sample(batches, per_length: int | None) -> list:
+    """At most `per_length` sequences of each held-out batch (one length each for a RASP
+    task), spread evenly over it; all of them when `per_length` is None."""
+    return batches if per_length is None else [batch.spread(per_length) for batch in batches]
+
+
+def _ablated_copies(value_of: dict[int, torch.Tensor | float], head: int | None, size: int):
+    """A forward hook for a batch made of copies of one batch (`size` sequences each): copy
+    i + 1 gets `value_of[i]` in place of the component's output (one head's slice of hook_z,
+    or the whole output); the others pass unchanged."""
+
+    def hook(value: torch.Tensor, hook=None) -> torch.Tensor:
+        value = value.clone()
+        for i, v in value_of.items():
+            rows = slice((i + 1) * size, (i + 2) * size)
+            if head is None:
+                value[rows] = v
+            else:
+                value[rows, :, head] = v
+        return value
+
+    return hook
+
+
 @torch.no_grad()
-def ablation_scores(model, task: Task, mode: str = "mean") -> dict[str, dict[str, float]]:
-    """component -> {"loss": ..., "acc": ...} with it ablated, plus "clean"."""
+def ablation_scores(model, task: Task, mode: str = "mean", per_length: int | None = 256,
+                    max_rows: int = 16384) -> dict[str, dict[str, float]]:
+    """component -> {"loss": ..., "acc": ...} with it ablated, plus "clean", on at most
+    `per_length` held-out sequences of each length (`held_out_sample`; None: all of them).
+    The means (mode "mean") are over the whole held-out set. Batched: one forward pass
+    holds the clean batch and one copy per component with that component ablated (as many
+    components as fit in `max_rows` sequences), the same numbers as one pass per component."""
     if mode not in MODES:
         from phasewatch.tasks.base import ConfigError
 
@@ -96,19 +110,26 @@ def ablation_scores(model, task: Task, mode: str = "mean") -> dict[str, dict[str
         loss, acc = masked_loss_and_acc(logits, batch, torch.float64)
         n = int(batch.loss_mask.sum())
         entry = totals.setdefault(label, [0.0, 0.0, 0])
-        entry[0] += float(loss.detach()) * n
-        entry[1] += float(acc.detach()) * n
+        entry[0] += float(loss) * n
+        entry[1] += float(acc) * n
         entry[2] += n
 
-    for batch in batches:
-        n_pos = batch.tokens.shape[1]
-        add("clean", model(batch.tokens), batch)
-        for label, hook, head in comps:
-            if means is not None:
-                value = means[hook][:n_pos] if head is None else means[hook][:n_pos, head]
-            else:
-                value = 0.0
-            add(label, model.run_with_hooks(batch.tokens, fwd_hooks=[(hook, _replace(value, head))]), batch)
+    for batch in held_out_sample(batches, per_length):
+        size, n_pos = batch.tokens.shape[:2]
+        per_pass = max(1, max_rows // size - 1)
+        for start in range(0, len(comps), per_pass):
+            group = comps[start:start + per_pass]
+            hooks: dict[tuple[str, int | None], dict[int, torch.Tensor | float]] = {}
+            for i, (_, hook, head) in enumerate(group):
+                value = 0.0 if means is None else means[hook][:n_pos] if head is None else means[hook][:n_pos, head]
+                hooks.setdefault((hook, head), {})[i] = value
+            tokens = batch.tokens.repeat(len(group) + 1, 1)
+            logits = model.run_with_hooks(tokens, fwd_hooks=[(hook, _ablated_copies(values, head, size))
+                                                             for (hook, head), values in hooks.items()])
+            if start == 0:
+                add("clean", logits[:size], batch)
+            for i, (label, _, _) in enumerate(group):
+                add(label, logits[(i + 1) * size:(i + 2) * size], batch)
     return {label: {"loss": s / n, "acc": a / n} for label, (s, a, n) in totals.items()}
 
 
@@ -125,10 +146,12 @@ KEYS = KeyFamilies(
 
 
 @register_probe("ablation", applies_to=_applies, default=lambda task: hasattr(task, "program"), keys=KEYS)
-def ablation_probe(model, task: Task, mode: str = "mean", threshold: float = 0.1) -> dict[str, Any]:
+def ablation_probe(model, task: Task, mode: str = "mean", threshold: float = 0.1,
+                   per_length: int | None = 256) -> dict[str, Any]:
     """Options: mode ("mean" or "zero"), threshold (accuracy drop that makes a component
-    necessary). Default for RASP tasks; on request for the others."""
-    scores = ablation_scores(model, task, mode)
+    necessary), per_length (held-out sequences of each length that are ablated, spread
+    evenly over them; null: all). Default for RASP tasks; on request for the others."""
+    scores = ablation_scores(model, task, mode, per_length)
     clean = scores.pop("clean")
     out: dict[str, Any] = {}
     for label, s in scores.items():

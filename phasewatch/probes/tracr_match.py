@@ -60,6 +60,7 @@ from phasewatch.tasks.base import Batch, ConfigError, Task
 _REFERENCES: dict[tuple, tuple] = {}
 _BASELINES: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[str, float]]]" = weakref.WeakKeyDictionary()
 _LABELS: dict[tuple, dict[str, list[Tensor]]] = {}
+_REFERENCE_RUNS: dict[tuple, tuple] = {}
 
 
 # --- measures (pure) -----------------------------------------------------------------
@@ -164,12 +165,7 @@ CLASSIFIERS = {"lda": lda_probe_accuracy, "logistic": logistic_probe_accuracy, "
 def comparison_batches(task: Task, per_length: int) -> list[Batch]:
     """One batch per input length: the task's held-out inputs, at most `per_length` of
     them per length, spread evenly over the (distinct) held-out set."""
-    out = []
-    for batch in task.val_batches():
-        keep = torch.linspace(0, len(batch.tokens) - 1, min(per_length, len(batch.tokens))).round().long().unique()
-        out.append(Batch(batch.tokens[keep], batch.targets[keep], batch.loss_mask[keep],
-                         {k: v[keep] for k, v in batch.extras.items()}))
-    return out
+    return [batch.spread(per_length) for batch in task.val_batches()]
 
 
 def variable_labels(task: Task, batches: list[Batch]) -> dict[str, list[Tensor]]:
@@ -222,6 +218,22 @@ def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], l
         for s in sites:
             resid[s].append(cache[s][:, 1:].reshape(-1, cache[s].shape[-1]).cpu())
     return predictions, patterns, {s: torch.cat(v) for s, v in resid.items()}
+
+
+def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor]]:
+    """`_run` of a compiled reference on these inputs, once per process: its weights never
+    change, so every probe of a run after the first reuses it (keyed by the reference and
+    the inputs themselves)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for batch in batches:
+        digest.update(str(tuple(batch.tokens.shape)).encode())
+        digest.update(batch.tokens.cpu().numpy().tobytes())
+    key = (id(reference), digest.hexdigest())
+    if key not in _REFERENCE_RUNS:
+        _REFERENCE_RUNS[key] = _run(reference, batches, residual_sites(reference))
+    return _REFERENCE_RUNS[key]
 
 
 # --- the probe -----------------------------------------------------------------------
@@ -310,7 +322,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
     batches = comparison_batches(task, per_length)
     sites, ref_sites = residual_sites(model), residual_sites(reference)
     preds, patterns, resid = _run(model, batches, sites)
-    ref_preds, ref_patterns, ref_resid = _run(reference, batches, ref_sites)
+    ref_preds, ref_patterns, ref_resid = reference_run(reference, batches)  # references are kept: the id is theirs
     out: dict[str, Any] = {}
 
     per_len = []

@@ -54,6 +54,14 @@ class Batch:
             {k: v.to(device, non_blocking=non_blocking) for k, v in self.extras.items()},
         )
 
+    def spread(self, n: int) -> "Batch":
+        """At most `n` of its sequences, spread evenly over the batch (all of them when it holds no more)."""
+        if n >= len(self):
+            return self
+        keep = torch.linspace(0, len(self) - 1, n).round().long().unique()
+        return Batch(self.tokens[keep], self.targets[keep], self.loss_mask[keep],
+                     {k: v[keep] for k, v in self.extras.items()})
+
     def pin_memory(self) -> "Batch":
         """A copy in page-locked memory (the DataLoader calls it with pin_memory=True)."""
         return Batch(self.tokens.pin_memory(), self.targets.pin_memory(), self.loss_mask.pin_memory(),

@@ -68,13 +68,14 @@ def test_ablation_finds_exactly_the_non_empty_compiled_components(reverse, task)
 
 
 def test_an_ablated_head_outputs_its_mean_or_zero(task):
-    from phasewatch.probes.ablation import _replace, position_means
+    from phasewatch.probes.ablation import _ablated_copies, position_means
 
     model = build_model(ModelConfig(attention="bidirectional", seed=1), task).eval()
     batches = task.val_batches()
     hook = "blocks.1.attn.hook_z"
     means = position_means(model, batches, {hook})
     batch = batches[2]
+    size = len(batch)
     seen = {}
 
     def record(value, hook=None):
@@ -82,14 +83,63 @@ def test_an_ablated_head_outputs_its_mean_or_zero(task):
 
     with torch.no_grad():
         _, clean = model.run_with_cache(batch.tokens, names_filter=lambda n: n == hook)
-        model.run_with_hooks(batch.tokens, fwd_hooks=[(hook, _replace(means[hook][:4, 2], 2)), (hook, record)])
+        # three copies of the batch: the first intact, the second with head 2's mean, the third with zeros
+        model.run_with_hooks(batch.tokens.repeat(3, 1),
+                             fwd_hooks=[(hook, _ablated_copies({0: means[hook][:4, 2], 1: 0.0}, 2, size)), (hook, record)])
     z = seen["z"]
-    assert torch.allclose(z[:, :, 2], means[hook][:4, 2].expand_as(z[:, :, 2]))
-    assert torch.equal(z[:, :, [0, 1, 3]], clean[hook][:, :, [0, 1, 3]])
+    assert torch.allclose(z[:size], clean[hook], atol=1e-6)
+    assert torch.allclose(z[size:2 * size, :, 2], means[hook][:4, 2].expand(size, -1, -1))
+    assert torch.equal(z[2 * size:, :, 2], torch.zeros_like(z[2 * size:, :, 2]))
+    for copy in (1, 2):
+        assert torch.allclose(z[copy * size:(copy + 1) * size, :, [0, 1, 3]], clean[hook][:, :, [0, 1, 3]], atol=1e-6)
     # the mean is over every held-out sequence with that position, not over this batch
     everything = torch.cat([model.run_with_cache(b.tokens, names_filter=lambda n: n == hook)[1][hook][:, 1]
                             for b in batches if b.tokens.shape[1] > 1])
     assert torch.allclose(means[hook][1], everything.mean(0), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["mean", "zero"])
+def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode):
+    """ablation_scores puts the clean batch and one ablated copy per component in one pass;
+    here each component is ablated in a pass of its own, with a hook written for the test."""
+    from phasewatch.probes.ablation import ablation_scores, components, position_means
+    from phasewatch.tasks.base import masked_loss_and_acc
+
+    model = build_model(ModelConfig(attention="bidirectional", seed=2), task).eval()
+    batches = [b for b, g in zip(task.val_batches(), task.val_groups()) if g == "val"]
+    comps = components(model)
+    means = position_means(model, batches, {h for _, h, _ in comps})
+    expected = {}
+    with torch.no_grad():
+        for label, hook, head in [("clean", None, None), *comps]:
+            loss_sum = acc_sum = count = 0.0
+            for batch in batches:
+                n_pos = batch.tokens.shape[1]
+                value = (0.0 if mode == "zero" or hook is None else
+                         means[hook][:n_pos] if head is None else means[hook][:n_pos, head])
+
+                def ablate(x, hook=None, value=value, head=head):
+                    x = x.clone()
+                    if head is None:
+                        x[:] = value
+                    else:
+                        x[:, :, head] = value
+                    return x
+
+                logits = model(batch.tokens) if hook is None else model.run_with_hooks(batch.tokens, fwd_hooks=[(hook, ablate)])
+                loss, acc = masked_loss_and_acc(logits, batch, torch.float64)
+                n = int(batch.loss_mask.sum())
+                loss_sum, acc_sum, count = loss_sum + float(loss) * n, acc_sum + float(acc) * n, count + n
+            expected[label] = (loss_sum / count, acc_sum / count)
+    # all held-out inputs; a row budget that splits the components over several passes
+    for max_rows in (16384, 3 * max(len(b) for b in batches)):
+        got = ablation_scores(model, task, mode, per_length=None, max_rows=max_rows)
+        assert set(got) == set(expected)
+        for label, (loss, acc) in expected.items():
+            assert got[label]["loss"] == pytest.approx(loss, rel=1e-5) and got[label]["acc"] == pytest.approx(acc)
+    # a subsample: fewer inputs, the same components
+    sub = ablation_scores(model, task, mode, per_length=4)
+    assert set(sub) == set(expected) and sub["clean"]["loss"] != pytest.approx(expected["clean"][0], rel=1e-9)
 
 
 def test_a_causal_model_cannot_be_compared_with_a_non_causal_program(reverse, task):
