@@ -13,7 +13,12 @@ answer token) and `ablation/<component>/acc` (accuracy with it ablated), where
 `L<l>.attn` or `L<l>.mlp`. Array: `necessary_components` (those whose ablation costs
 more than `threshold` of accuracy; changes are printed during training).
 Loss and accuracy are summed over the held-out batches token by token, as `val/loss` (the
-`val` set only: a length-generalisation run's longer lengths, `val_longer`, are left out).
+`val` set only: a length-generalisation run's longer lengths, `val_longer`, are left out),
+on at most `per_length` (64) held-out sequences of each batch (a RASP task's batches hold
+one length each), spread evenly over it, with means estimated from at most `mean_over`
+(1024) held-out sequences, every batch in proportion to its size: estimates of the whole
+held-out set's numbers that keep the probe cheap enough to run densely (bench/README.md,
+`probe_overhead.py`; both options null for the whole set).
 """
 
 from __future__ import annotations
@@ -70,6 +75,15 @@ def held_out_sample(batches, per_length: int | None) -> list:
     return batches if per_length is None else [batch.spread(per_length) for batch in batches]
 
 
+def proportional_sample(batches, total: int | None) -> list:
+    """About `total` sequences of the batches, the same share of each (at least one of each,
+    spread evenly over it); all of them when `total` is None or they hold no more."""
+    size = sum(len(b) for b in batches)
+    if total is None or total >= size:
+        return batches
+    return [b.spread(max(1, round(len(b) * total / size))) for b in batches]
+
+
 def _ablated_copies(value_of: dict[int, torch.Tensor | float], head: int | None, size: int):
     """A forward hook for a batch made of copies of one batch (`size` sequences each): copy
     i + 1 gets `value_of[i]` in place of the component's output (one head's slice of hook_z,
@@ -89,11 +103,13 @@ def _ablated_copies(value_of: dict[int, torch.Tensor | float], head: int | None,
 
 
 @torch.no_grad()
-def ablation_scores(model, task: Task, mode: str = "mean", per_length: int | None = 256,
-                    max_rows: int = 16384) -> dict[str, dict[str, float]]:
+def ablation_scores(model, task: Task, mode: str = "mean", per_length: int | None = 64,
+                    mean_over: int | None = 1024, max_rows: int = 16384) -> dict[str, dict[str, float]]:
     """component -> {"loss": ..., "acc": ...} with it ablated, plus "clean", on at most
     `per_length` held-out sequences of each length (`held_out_sample`; None: all of them).
-    The means (mode "mean") are over the whole held-out set. Batched: one forward pass
+    The means (mode "mean") are over the held-out set, estimated from at most `mean_over`
+    of its sequences taken from every batch in proportion to its size, so that each length
+    weighs what it weighs in the whole set (None: all of them). Batched: one forward pass
     holds the clean batch and one copy per component with that component ablated (as many
     components as fit in `max_rows` sequences), the same numbers as one pass per component."""
     if mode not in MODES:
@@ -103,7 +119,8 @@ def ablation_scores(model, task: Task, mode: str = "mean", per_length: int | Non
     comps = components(model)
     device = next(model.parameters()).device
     batches = [b.to(device) for b, group in zip(task.val_batches(), task.val_groups()) if group == "val"]
-    means = position_means(model, batches, {hook for _, hook, _ in comps}) if mode == "mean" else None
+    means = position_means(model, proportional_sample(batches, mean_over),
+                           {hook for _, hook, _ in comps}) if mode == "mean" else None
     totals: dict[str, list[float]] = {}
 
     def add(label: str, logits: torch.Tensor, batch) -> None:
@@ -147,11 +164,12 @@ KEYS = KeyFamilies(
 
 @register_probe("ablation", applies_to=_applies, default=lambda task: hasattr(task, "program"), keys=KEYS)
 def ablation_probe(model, task: Task, mode: str = "mean", threshold: float = 0.1,
-                   per_length: int | None = 256) -> dict[str, Any]:
+                   per_length: int | None = 64, mean_over: int | None = 1024) -> dict[str, Any]:
     """Options: mode ("mean" or "zero"), threshold (accuracy drop that makes a component
     necessary), per_length (held-out sequences of each length that are ablated, spread
-    evenly over them; null: all). Default for RASP tasks; on request for the others."""
-    scores = ablation_scores(model, task, mode, per_length)
+    evenly over them; null: all), mean_over (held-out sequences the means are estimated
+    from, every length in proportion; null: all). Default for RASP tasks; on request for the others."""
+    scores = ablation_scores(model, task, mode, per_length, mean_over)
     clean = scores.pop("clean")
     out: dict[str, Any] = {}
     for label, s in scores.items():

@@ -79,6 +79,22 @@ def linear_cka(x: Float[Tensor, "n d1"], y: Float[Tensor, "n d2"]) -> float:
     return float(torch.linalg.matrix_norm(y.T @ x) ** 2 / denom) if denom > 0 else 0.0
 
 
+def cka_matrix(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
+    """`linear_cka(x, y)` for every x of `xs` (rows) and y of `ys` (columns), each
+    representation centred and its Gram norm computed once."""
+    def prepared(t: Tensor) -> tuple[Tensor, Tensor]:
+        t = (t - t.mean(0)).double()
+        return t, torch.linalg.matrix_norm(t.T @ t)
+
+    px, py = [prepared(x) for x in xs], [prepared(y) for y in ys]
+    out = torch.zeros(len(xs), len(ys), dtype=torch.float64)
+    for i, (x, nx) in enumerate(px):
+        for j, (y, ny) in enumerate(py):
+            if nx * ny > 0:
+                out[i, j] = torch.linalg.matrix_norm(y.T @ x) ** 2 / (nx * ny)
+    return out
+
+
 def _standardised(x_train: Tensor, x_test: Tensor) -> tuple[Tensor, Tensor]:
     """Both sets standardised with the training set's mean and deviation, a bias column added."""
     x_train, x_test = x_train.double(), x_test.double()
@@ -373,7 +389,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
         for key, value in per_initial[options].items():
             out[f"tracr/probe_baseline/{key}"] = value
 
-    matrix = torch.tensor([[linear_cka(resid[s], ref_resid[r]) for r in ref_sites] for s in sites])
+    matrix = cka_matrix([resid[s] for s in sites], [ref_resid[r] for r in ref_sites]).float()
     for s, row in zip(sites, matrix):
         out[f"tracr/cka/{site_name(s)}"] = float(row.max())
     out["cka"] = matrix

@@ -133,13 +133,31 @@ def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode):
             expected[label] = (loss_sum / count, acc_sum / count)
     # all held-out inputs; a row budget that splits the components over several passes
     for max_rows in (16384, 3 * max(len(b) for b in batches)):
-        got = ablation_scores(model, task, mode, per_length=None, max_rows=max_rows)
+        got = ablation_scores(model, task, mode, per_length=None, mean_over=None, max_rows=max_rows)
         assert set(got) == set(expected)
         for label, (loss, acc) in expected.items():
             assert got[label]["loss"] == pytest.approx(loss, rel=1e-5) and got[label]["acc"] == pytest.approx(acc)
     # a subsample: fewer inputs, the same components
-    sub = ablation_scores(model, task, mode, per_length=4)
+    sub = ablation_scores(model, task, mode, per_length=4, mean_over=None)
     assert set(sub) == set(expected) and sub["clean"]["loss"] != pytest.approx(expected["clean"][0], rel=1e-9)
+
+
+def test_ablation_means_from_a_proportional_sample(task):
+    """Each length keeps its share of the held-out set, so the sample's per-position mean
+    estimates the whole set's."""
+    from phasewatch.probes.ablation import position_means, proportional_sample
+
+    batches = [b for b, g in zip(task.val_batches(), task.val_groups()) if g == "val"]
+    total = sum(len(b) for b in batches)
+    sample = proportional_sample(batches, total // 2)
+    sizes = [len(b) for b in sample]
+    assert all(abs(n - len(b) / 2) <= 1 for n, b in zip(sizes, batches)) and abs(sum(sizes) - total // 2) <= len(batches)
+    assert proportional_sample(batches, None) is batches and proportional_sample(batches, total) is batches
+    model = build_model(ModelConfig(attention="bidirectional", seed=5), task).eval()
+    hook = "blocks.0.hook_attn_out"
+    with torch.no_grad():
+        full, half = position_means(model, batches, {hook})[hook], position_means(model, sample, {hook})[hook]
+    assert torch.allclose(full, half, atol=0.1 * float(full.abs().max()))
 
 
 def test_a_causal_model_cannot_be_compared_with_a_non_causal_program(reverse, task):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from phasewatch.probes.tracr_match import linear_cka, pattern_overlap, probe_accuracy, site_name
+from phasewatch.probes.tracr_match import cka_matrix, linear_cka, pattern_overlap, probe_accuracy, site_name
 
 
 def test_pattern_overlap_is_one_for_equal_patterns_and_the_target_mass_for_one_hot():
@@ -46,3 +46,14 @@ def test_linear_probe_reads_linear_codes_and_not_noise():
 def test_site_names_follow_transformer_lens_hooks():
     assert site_name("blocks.0.hook_resid_pre") == "resid_pre0"
     assert site_name("blocks.3.hook_resid_post") == "resid_post3"
+
+
+def test_the_cka_matrix_holds_linear_cka_of_every_pair():
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(200, d, generator=g) for d in (3, 8)]
+    ys = [2.0 * xs[0] + 1.0, torch.randn(200, 4, generator=g), torch.zeros(200, 2)]
+    matrix = cka_matrix(xs, ys)
+    assert matrix.shape == (2, 3) and matrix[0, 0] == pytest.approx(1.0)
+    for i, x in enumerate(xs):
+        for j, y in enumerate(ys):
+            assert float(matrix[i, j]) == pytest.approx(linear_cka(x, y), abs=1e-12)
