@@ -16,15 +16,13 @@ colour per value of the second). Fails with a clear error when a folder holds no
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from phasewatch.probes.keys import headline_keys
-from phasewatch.rundir import RunFolder, SweepFolder, run_folders
+from phasewatch.rundir import RunFolder, SweepFolder, csv_cell as _cell, run_folders, write_csv
 
 IGNORED_CONFIG = ("run_dir", "checkpoints.dirpath", "ckpt_path")
 
@@ -109,17 +107,6 @@ def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tu
     transition_columns.sort(key=lambda c: (order[c.rsplit(" ", 1)[0]], c))
     columns = ["run", "state", *param_columns, *[f"final {k}" for k in chosen], *transition_columns]
     return columns, rows
-
-
-def write_csv(columns: list[str], rows: list[dict[str, Any]], path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(row.get(k)) for k in columns})
-    return path
 
 
 def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.PathLike, max_panels: int = 6,
@@ -209,14 +196,6 @@ def compare_command(argv: list[str]) -> int:
             return 2
     print(plot_compare(columns, rows, out.with_suffix(".png"), x=args.x, hue=args.hue))
     return 0
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "" if math.isnan(value) else f"{value:.6g}"
-    return str(value)
 
 
 def _ordered(values: set) -> list:

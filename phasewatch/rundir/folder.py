@@ -138,6 +138,7 @@ class RunFolder:
     arrays = property(lambda self: self.root / "arrays")
     figures = property(lambda self: self.root / "figures")
     report = property(lambda self: self.root / "report.html")
+    diffs = property(lambda self: self.root / "diff")  # `phasewatch diff`'s tables
     wandb_dir = property(lambda self: self.root / "wandb")
     lock = property(lambda self: self.root / ".lock")
     _wandb_id = property(lambda self: self.root / "wandb_id")
@@ -271,6 +272,11 @@ class RunFolder:
             write_atomic(path, head + "".join(kept).encode())
 
     # --- checkpoints ---------------------------------------------------------------
+
+    def diff_tables(self, name: str) -> tuple[Path, Path]:
+        """`phasewatch diff`'s two tables for a diff called `name`: one row per component
+        (`diff/<name>.csv`) and the inputs whose loss changed most (`diff/<name>_inputs.csv`)."""
+        return self.diffs / f"{name}.csv", self.diffs / f"{name}_inputs.csv"
 
     def checkpoint_steps(self) -> dict[int, Path]:
         """step -> checkpoint file, for the run's step checkpoints, in step order."""

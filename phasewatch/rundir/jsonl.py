@@ -64,3 +64,26 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
 def rewrite_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
     """Replace a JSON-lines file by `records` atomically."""
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def csv_cell(value) -> str:
+    """A table cell: empty for None and NaN, floats to 6 significant digits."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def write_csv(columns: list[str], rows: list[dict], path: str | os.PathLike) -> Path:
+    """A CSV table (header `columns`, one line per row; None and NaN as empty cells, floats
+    to 6 significant digits), written atomically (`write_atomic`)."""
+    import csv
+    import io
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: csv_cell(row.get(k)) for k in columns})
+    return write_atomic(path, out.getvalue())

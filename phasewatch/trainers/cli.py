@@ -27,6 +27,8 @@ commands:
   compile   compile a tracr program, check it, print its layout: phasewatch compile reverse
   sweep     run a W&B sweep file locally: phasewatch sweep sweeps/grokking.yaml [--parallel 2]
   compare   hyperparameters and transition steps of runs or a sweep: phasewatch compare runs/sweep-grokking
+  diff      two models' differences per component, and what patching recovers:
+            phasewatch diff runs/x@300 runs/x@last, or phasewatch diff runs/x --across val/loss
   trajectory  PCA paths of a run's checkpoints (logits, weights): phasewatch trajectory RUN_DIR
   tasks     list the tasks, the tracr programs they can run, and the probes
 
@@ -317,6 +319,7 @@ COMMANDS = {
     "sweep": ("phasewatch.trainers.sweep", "sweep_command"),
     "compare": ("phasewatch.report.compare", "compare_command"),
     "trajectory": ("phasewatch.trainers.trajectory", "trajectory_command"),
+    "diff": ("phasewatch.trainers.diff", "diff_command"),
 }
 
 
