@@ -25,7 +25,9 @@ spread evenly over it):
   B's on the same input (a head's: z_h W_O^h, swapped in its layer's attention output) (for `unembed`: A's final residual stream read by B's final norm
   and unembedding), and the share of the loss gap it recovers, (loss_A - loss_patched) /
   (loss_A - loss_B); `patch_a_into_b` the same from A into B. Undefined (None) when the
-  two losses are within 1e-6 of each other. Patching embed, pos_embed, every layer's
+  two losses are within 1e-6 of each other. `patched_loss_a` and `patched_loss_b` are the
+  patched losses themselves: read them rather than the shares when the gap is small (two
+  seeds that both solve the task), where any patch moves the loss by many times the gap. Patching embed, pos_embed, every layer's
   attention and MLP and the unembedding together gives B's logits exactly.
 
 Also the per-sequence loss in A and B (mean over its answer positions) and the sequences
@@ -305,6 +307,8 @@ def model_diff(a, b, task: Task, per_length: int | None = 256, top_examples: int
             row |= {"dla_a": dla["a"][comp] / n, "dla_b": dla["b"][comp] / n,
                     "dla_diff": (dla["b"][comp] - dla["a"][comp]) / n}
         gap = la - lb
+        row["patched_loss_a"] = patched[(comp, "b_into_a")] / n
+        row["patched_loss_b"] = patched[(comp, "a_into_b")] / n
         row["patch_b_into_a"] = (la - patched[(comp, "b_into_a")] / n) / gap if abs(gap) > SAME else None
         row["patch_a_into_b"] = (lb - patched[(comp, "a_into_b")] / n) / -gap if abs(gap) > SAME else None
         rows.append(row)

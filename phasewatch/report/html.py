@@ -29,6 +29,7 @@ from phasewatch.models import head_label
 from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import detect_all, lead_lag
 from phasewatch.report.curves import panel_layout
+from phasewatch.report.heads import catalogue_array, head_catalogue, write_head_catalogue
 from phasewatch.rundir import RunFolder, load_series
 
 REFRESH_SECONDS = 30
@@ -117,7 +118,7 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
         "panels": panels,
         "events": events,
         "leadlag": lead_lag(events, reference) if reference else [],
-        "arrays": _arrays(folder),
+        "arrays": _arrays(folder) | _catalogue(folder),
         "interventions": folder.read_interventions(),
     }
     data = json.dumps(payload, allow_nan=False, default=float).replace("</", "<\\/")
@@ -129,10 +130,19 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
     return TEMPLATE.replace("%REFRESH%", refresh).replace("%TITLE%", html.escape(folder.root.name)).replace("%TRAJECTORY%", figure).replace("%DATA%", data)
 
 
+def _catalogue(folder: RunFolder) -> dict[str, dict]:
+    """The per-head catalogue as one more array panel (report/heads.py), when probes scored heads."""
+    columns, rows = head_catalogue(folder)
+    drawn = catalogue_array(columns, rows) if rows else None
+    return {"head catalogue (heads.csv)": drawn} if drawn else {}
+
+
 def write_report(run_dir: str | Path, out: str | Path | None = None, live: bool = False) -> Path:
-    """Write the report (default: the run folder's report) atomically; returns its path."""
+    """Write the report (default: the run folder's report) atomically, and the run's per-head
+    catalogue (`heads.csv`, report/heads.py) beside it; returns the report's path."""
     folder = RunFolder(run_dir)
     folder.require_metrics()
+    write_head_catalogue(folder)
     return folder.write_atomic(Path(out) if out else folder.report, build_report(folder.root, live))
 
 
@@ -254,8 +264,10 @@ function drawArray(name, A) {
   const ml = (A.rows ? 6 * longest(A.rows) + 10 : 0) + (A.row_title ? 16 : 0);
   const mb = (A.cols ? 6 * longest(A.cols) + 10 : 0) + (A.col_title ? 16 : 0);
   const {cv, label, slider} = arrayPanel(name, A, name, 320 + ml, 240 + mb);
-  const readout = el("div", {className: "note", textContent: "\u00a0"}, cv.parentNode);
-  const flat = [].concat(...A.data.map(m => [].concat(...m))).filter(v => v !== null && !Number.isNaN(v));
+  // the readout wraps within the canvas' width: a wider panel could move to the next line under the pointer
+  const readout = el("div", {className: "note", textContent: "\u00a0", style: `max-width:${cv.width}px`}, cv.parentNode);
+  const S = A.shade || A.data;  // colours from A.shade when given (the head catalogue: each score's own range)
+  const flat = [].concat(...S.map(m => [].concat(...m))).filter(v => v !== null && !Number.isNaN(v));
   const [lo, hi] = extent(flat.length ? flat : [0, 1]);
   // positive values over more than three decades (e.g. a Fourier spectrum): colour by log10
   const logScale = lo > 0 && hi / lo > 1e3, c = v => (logScale && v !== null && v > 0 ? Math.log10(v) : v);
@@ -268,7 +280,7 @@ function drawArray(name, A) {
     readout.textContent = `${where.filter(Boolean).join(", ") || `cell ${i}, ${j}`}: ${v === null ? "none" : (+v).toPrecision(4)}`;
   }
   function render() {
-    const m = A.data[+slider.value], g = cv.getContext("2d");
+    const m = S[+slider.value], g = cv.getContext("2d");
     g.clearRect(0, 0, cv.width, cv.height);
     m.forEach((row, i) => row.forEach((v, j) => { g.fillStyle = heatColor(c(v), c(lo), c(hi)); g.fillRect(ml + j * cw, i * ch, Math.ceil(cw), Math.ceil(ch)); }));
     g.fillStyle = "#333"; g.font = "10px sans-serif";
@@ -278,7 +290,7 @@ function drawArray(name, A) {
     if (A.row_title) { g.save(); g.translate(12, (cv.height - mb) / 2); g.rotate(-Math.PI / 2); g.fillText(A.row_title, 0, 0); g.restore(); }
     if (A.col_title) g.fillText(A.col_title, ml + (cv.width - ml) / 2, cv.height - 4);
     g.textAlign = "left";
-    label.textContent = `step ${A.steps[+slider.value]} (checkpoint ${+slider.value + 1} of ${A.steps.length}); colour range ${lo.toPrecision(3)} to ${hi.toPrecision(3)}${logScale ? " (log scale)" : ""}`;
+    label.textContent = `step ${A.steps[+slider.value]} (checkpoint ${+slider.value + 1} of ${A.steps.length}); ${A.shade ? "colour: each column's own range" : `colour range ${lo.toPrecision(3)} to ${hi.toPrecision(3)}${logScale ? " (log scale)" : ""}`}`;
     show();
   }
   cv.addEventListener("mousemove", e => {

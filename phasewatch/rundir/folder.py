@@ -139,6 +139,7 @@ class RunFolder:
     figures = property(lambda self: self.root / "figures")
     report = property(lambda self: self.root / "report.html")
     diffs = property(lambda self: self.root / "diff")  # `phasewatch diff`'s tables
+    head_catalogue = property(lambda self: self.root / "heads.csv")  # one row per head per step (report/heads.py)
     wandb_dir = property(lambda self: self.root / "wandb")
     lock = property(lambda self: self.root / ".lock")
     _wandb_id = property(lambda self: self.root / "wandb_id")

@@ -23,7 +23,7 @@ from phasewatch.rundir import RunFolder, write_csv
 from phasewatch.tasks.base import ConfigError
 
 COLUMNS = ["component", "kind", "weight_abs", "weight_rel", "qk_abs", "qk_rel", "ov_abs", "ov_rel", "act_rms",
-           "act_rel", "dla_a", "dla_b", "dla_diff", "patch_b_into_a", "patch_a_into_b"]
+           "act_rel", "dla_a", "dla_b", "dla_diff", "patched_loss_a", "patch_b_into_a", "patched_loss_b", "patch_a_into_b"]
 
 
 def parse_model_spec(spec: str) -> tuple[Path, str | None]:
@@ -178,7 +178,8 @@ def summarise(result, label_a: str, label_b: str, top: int) -> None:
            lambda r: f"{r['dla_a']:+.3g} -> {r['dla_b']:+.3g}")
     if any(r.get("patch_b_into_a") is not None for r in comps):
         ranked("patching B's output into A: share of the loss gap recovered", "patch_b_into_a", comps,
-               lambda r: f"{r['patch_b_into_a']:.3g}   (A into B: {r['patch_a_into_b']:.3g})", absolute=False)
+               lambda r: f"{r['patch_b_into_a']:8.3g}  (loss {r['patched_loss_a']:.3g}; A into B: share "
+                         f"{r['patch_a_into_b']:.3g}, loss {r['patched_loss_b']:.3g})", absolute=False)
     else:
         print("\npatching: the two losses are equal; nothing to recover")
     if result.examples:

@@ -9,6 +9,7 @@ and a row label meet, what pointing there shows) before and after moving its sli
 last checkpoint, and writes all that into the DOM, which `chromium --dump-dom` prints.
 """
 
+import csv
 import html
 import json
 import math
@@ -188,3 +189,26 @@ def test_report_shows_the_trajectory_without_a_trajectory_command(report, tmp_pa
         assert np.load(folder.trajectory_pca(kind))[:, 0].tolist() == steps
     images = what_the_page_shows(chromium, report, tmp_path)["trajectory"]
     assert [width > 500 for alt, width in images if "PCA paths of the checkpoints" in alt] == [True]
+
+
+def test_head_catalogue_panel_and_file(report, tmp_path, chromium):
+    """heads.csv, written with the report, and its heads x scores panel: the rows name the
+    heads, the columns the scores; pointing at a cell reads heads.csv's value at the slider's
+    step, and its colour is the value within that score's own range over the run."""
+    with open(report.parent / "heads.csv") as f:
+        rows = list(csv.DictReader(f))
+    heads = ["L0H0", "L0H1", "L1H0", "L1H1"]
+    steps = sorted({int(r["step"]) for r in rows})
+    assert [r["head"] for r in rows if int(r["step"]) == steps[-1]] == heads
+    assert {"heads/induction", "heads/prev_token", "comp/k/out", "comp/k/in"} <= set(rows[0])
+    first, last = what_the_page_shows(chromium, report, tmp_path, "#checkpoint=0")["arrays"]["head catalogue (heads.csv)"]
+    for score in ("heads/induction", "heads/prev_token"):
+        values = [float(r[score]) for r in rows if r[score]]
+        lo, hi = min(values), max(values)
+        for view, step in ((first, steps[0]), (last, steps[-1])):
+            assert view["label"].startswith(f"step {step} (checkpoint")
+            for head in heads:
+                value = float(next(r[score] for r in rows if int(r["step"]) == step and r["head"] == head))
+                cell = view["cells"][f"{score}|{head}"]
+                assert float(cell["readout"].rsplit(": ", 1)[1]) == pytest.approx(value, rel=1e-3, abs=1e-5)
+                assert np.allclose(cell["rgb"], heat_rgb((value - lo) / (hi - lo), 0, 1), atol=2.01), (score, head)
