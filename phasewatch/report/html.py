@@ -30,7 +30,7 @@ from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import detect_all, lead_lag
 from phasewatch.report.curves import panel_layout
 from phasewatch.report.heads import catalogue_array, head_catalogue, write_head_catalogue
-from phasewatch.rundir import RunFolder, load_series
+from phasewatch.rundir import RunFolder, load_series, read_csv
 
 REFRESH_SECONDS = 30
 #: arrays drawn as one line per row (over their columns) instead of as a heatmap
@@ -120,6 +120,7 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
         "leadlag": lead_lag(events, reference) if reference else [],
         "arrays": _arrays(folder) | _catalogue(folder),
         "interventions": folder.read_interventions(),
+        "diffs": _diffs(folder),
     }
     data = json.dumps(payload, allow_nan=False, default=float).replace("</", "<\\/")
     trajectory = folder.figure("trajectory")
@@ -128,6 +129,23 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
               if trajectory.exists() else "")
     refresh = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if live else ""
     return TEMPLATE.replace("%REFRESH%", refresh).replace("%TITLE%", html.escape(folder.root.name)).replace("%TRAJECTORY%", figure).replace("%DATA%", data)
+
+
+#: the diff columns the report shows (all are in diff/<name>.csv)
+DIFF_COLUMNS = ("weight_rel", "qk_rel", "ov_rel", "act_rel", "dla_a", "dla_b", "patch_b_into_a", "patch_a_into_b")
+
+
+def _diffs(folder: RunFolder) -> list[dict]:
+    """The run's `phasewatch diff` tables: per diff its name, component rows (numbers or None)
+    and the inputs whose loss changed most."""
+    out = []
+    for name in folder.diff_names():
+        table, inputs = folder.diff_tables(name)
+        rows = [{"component": r["component"], "kind": r["kind"],
+                 **{c: float(r[c]) if r.get(c) else None for c in DIFF_COLUMNS}} for r in read_csv(table)
+                if r.get("kind") not in ("resid", "bias")]
+        out.append({"name": name, "columns": list(DIFF_COLUMNS), "rows": rows, "inputs": read_csv(inputs)[:5]})
+    return out
 
 
 def _catalogue(folder: RunFolder) -> dict[str, dict]:
@@ -162,6 +180,7 @@ td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left} .note{color:
 <h2>Transitions and lead/lag</h2><div id="events"></div>
 <h2>Arrays over checkpoints</h2><div id="arrays"></div>
 %TRAJECTORY%
+<div id="diffs"></div>
 <script id="data" type="application/json">%DATA%</script>
 <script>
 "use strict";
@@ -301,7 +320,30 @@ function drawArray(name, A) {
   cv.addEventListener("mouseleave", () => { hover = null; show(); });
   slider.addEventListener("input", render); render();
 }
-D.panels.forEach(drawPanel); drawEvents();
+function drawDiffs() {  // phasewatch diff's tables: each column shaded by its largest magnitude
+  const box = document.getElementById("diffs");
+  if (!D.diffs.length) return;
+  el("h2", {textContent: "Model diffs (phasewatch diff)"}, box);
+  for (const d of D.diffs) {
+    el("div", {textContent: d.name.replace("_vs_", " \u2192 "), style: "font-weight:600;font-size:13px;margin-top:8px"}, box);
+    const t = el("table", {}, box), head = el("tr", {}, t);
+    for (const c of ["component", ...d.columns]) el("th", {textContent: c}, head);
+    const top = Object.fromEntries(d.columns.map(c => [c, Math.max(1e-12, ...d.rows.map(r => Math.abs(r[c] ?? 0)))]));
+    for (const r of d.rows) {
+      const tr = el("tr", {}, t); el("td", {textContent: r.component}, tr);
+      for (const c of d.columns) {
+        const v = r[c], td = el("td", {textContent: v === null ? "" : (+v).toPrecision(3)}, tr);
+        if (v !== null) td.style.background = `rgba(${v < 0 ? "31,119,180" : "214,39,40"},${(0.45 * Math.abs(v) / top[c]).toFixed(3)})`;
+      }
+    }
+    if (d.inputs.length) {
+      const i = el("table", {}, box);
+      i.innerHTML = "<tr><th>input whose loss changed most</th><th>loss A</th><th>loss B</th></tr>" + d.inputs.map(
+        e => `<tr><td>${e.tokens}</td><td>${(+e.loss_a).toPrecision(3)}</td><td>${(+e.loss_b).toPrecision(3)}</td></tr>`).join("");
+    }
+  }
+}
+D.panels.forEach(drawPanel); drawEvents(); drawDiffs();
 const names = Object.keys(D.arrays);
 if (!names.length) document.getElementById("arrays").textContent = "No array measurements in this run.";
 names.forEach(n => drawArray(n, D.arrays[n]));

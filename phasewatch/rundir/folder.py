@@ -279,6 +279,13 @@ class RunFolder:
         (`diff/<name>.csv`) and the inputs whose loss changed most (`diff/<name>_inputs.csv`)."""
         return self.diffs / f"{name}.csv", self.diffs / f"{name}_inputs.csv"
 
+    def diff_names(self) -> list[str]:
+        """The names of the run's diffs (`diff_tables`), oldest first."""
+        if not self.diffs.is_dir():
+            return []
+        tables = [p for p in self.diffs.glob("*.csv") if not p.name.endswith("_inputs.csv")]
+        return [p.stem for p in sorted(tables, key=lambda p: p.stat().st_mtime)]
+
     def checkpoint_steps(self) -> dict[int, Path]:
         """step -> checkpoint file, for the run's step checkpoints, in step order."""
         return step_checkpoints(self.checkpoints)

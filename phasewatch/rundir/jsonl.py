@@ -87,3 +87,14 @@ def write_csv(columns: list[str], rows: list[dict], path: str | os.PathLike) -> 
     for row in rows:
         writer.writerow({k: csv_cell(row.get(k)) for k in columns})
     return write_atomic(path, out.getvalue())
+
+
+def read_csv(path: str | os.PathLike) -> list[dict[str, str]]:
+    """A CSV table's rows as {column: text}; [] when the file is missing."""
+    import csv
+
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []

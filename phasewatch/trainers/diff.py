@@ -10,7 +10,8 @@ folder and a step (`@1200`: the step checkpoint of that step; `@last`), or a .pt
 progress-measures paper. The held-out data is A's task's. Prints the losses, the components
 that differ most in weights, activations, direct logit attribution and patching, and the
 inputs whose loss changed most; writes `diff/<name>.csv` (one row per component) and
-`diff/<name>_inputs.csv` in A's run folder (for .pth files: under --out).
+`diff/<name>_inputs.csv` in A's run folder (for .pth files: under --out), and, when A is a
+run trained with W&B, the same as W&B Tables of a new run beside it (`<run>-diff-<name>`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from phasewatch.tasks.base import ConfigError
 
 COLUMNS = ["component", "kind", "weight_abs", "weight_rel", "qk_abs", "qk_rel", "ov_abs", "ov_rel", "act_rms",
            "act_rel", "dla_a", "dla_b", "dla_diff", "patched_loss_a", "patch_b_into_a", "patched_loss_b", "patch_a_into_b"]
+INPUT_COLUMNS = ["tokens", "loss_a", "loss_b", "change"]
 
 
 def parse_model_spec(spec: str) -> tuple[Path, str | None]:
@@ -122,6 +124,8 @@ def diff_command(argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=5, help="rows printed per measure (default 5)")
     parser.add_argument("--name", help="the tables' name (default: A_vs_B)")
     parser.add_argument("--out", help="folder for the tables when A is not a run folder (default: .)")
+    parser.add_argument("--no_wandb", action="store_true",
+                        help="no W&B run for this diff (none either when A's run was trained with --no_wandb)")
     parser.add_argument("--allow", nargs="+", metavar="MODULE", default=[],
                         help="modules whose classes the runs' configs may name besides phasewatch's and plug-ins'")
     args = parser.parse_args(argv)
@@ -146,12 +150,28 @@ def diff_command(argv: list[str]) -> int:
     summarise(result, label_a, label_b, args.top)
     folder = RunFolder(run_a) if run_a is not None else RunFolder(Path(args.out or "."))
     table, inputs = folder.diff_tables(name)
+    examples = [{**e, "tokens": " ".join(map(str, e["tokens"])), "change": e["loss_b"] - e["loss_a"]}
+                for e in result.examples]
     write_csv(COLUMNS, result.rows, table)
-    write_csv(["tokens", "loss_a", "loss_b", "change"],
-              [{**e, "tokens": " ".join(map(str, e["tokens"])), "change": e["loss_b"] - e["loss_a"]}
-               for e in result.examples], inputs)
+    write_csv(INPUT_COLUMNS, examples, inputs)
     print(f"\n{table}\n{inputs}")
+    if run_a is not None and not args.no_wandb:
+        log_to_wandb(folder, name, spec_a, spec_b, result.rows, examples)
     return 0
+
+
+def log_to_wandb(folder: RunFolder, name: str, spec_a: str, spec_b: str, rows: list[dict], examples: list[dict]) -> None:
+    """The diff's two tables as W&B Tables (`diff/components`, `diff/inputs`) in a new W&B
+    run beside A's training run (`<run>-diff-<name>`, job type `diff`); nothing when W&B is
+    disabled or the run was trained without it."""
+    from phasewatch.trainers.wandb_logging import make_side_logger
+
+    logger = make_side_logger(folder, folder.read_config(), "diff", f"diff-{name}", {"a": spec_a, "b": spec_b})
+    if logger is None:
+        return
+    logger.log_tables({"diff/components": (COLUMNS, [[r.get(c) for c in COLUMNS] for r in rows]),
+                       "diff/inputs": (INPUT_COLUMNS, [[e[c] for c in INPUT_COLUMNS] for e in examples])})
+    logger.finalize("success")
 
 
 def summarise(result, label_a: str, label_b: str, top: int) -> None:

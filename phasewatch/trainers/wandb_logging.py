@@ -164,6 +164,14 @@ class SafeWandbLogger(WandbLogger):
                       f"{event.get('detected_at', '?')})"),
                 level=wandb.AlertLevel.INFO))
 
+    def log_tables(self, tables: dict[str, tuple[list[str], list[list]]]) -> None:
+        """W&B Tables in the run's summary: {key: (columns, rows)}."""
+        import wandb
+
+        self._guard(lambda: self.experiment.summary.update(
+            {key: wandb.Table(columns=columns, data=rows, allow_mixed_types=True)
+             for key, (columns, rows) in tables.items()}))
+
     def finalize(self, status):
         """Close the W&B run at the end of fit (Lightning leaves it open, and the next
         run in the same process would silently log into it)."""
@@ -217,15 +225,25 @@ def make_analysis_logger(store: RunFolder, config: dict[str, Any], probes: list[
     replaces the first one's history when both are synced. None when W&B is disabled or
     the run was trained with `--no_wandb`.
     """
+    return make_side_logger(store, config, "analyze", f"analyze-{'-'.join(probes)}",
+                            {"probes": probes, "options": options})
+
+
+def make_side_logger(store: RunFolder, config: dict[str, Any], job_type: str, label: str,
+                     details: dict[str, Any]) -> SafeWandbLogger | None:
+    """A new W&B run beside a training run, for work done on it afterwards (`analyze`,
+    `diff`): named `<run>-<label>`, of `job_type`, in the training run's project and group,
+    with the training run's config plus `<job_type>` (`details` and the training run's W&B
+    id). None when W&B is disabled or the run was trained with `--no_wandb`."""
     mode = wandb_mode()
     if mode == "disabled" or config.get("wandb") is False:
         return None
-    analyze = {"probes": probes, "options": options, "training_run_id": store.wandb_id()}
     group = store.wandb_group() or os.environ.get("WANDB_RUN_GROUP")
     if mode == "offline":
         print(offline_hint(store))
     return SafeWandbLogger(
-        name=f"{store.root.name}-analyze-{'-'.join(probes)}", project=config.get("wandb_project") or "phasewatch",
-        save_dir=str(store.root), id=new_run_id(), mode=mode, config={**config, "analyze": analyze},
-        job_type="analyze", group=group or None, log_model=False,
+        name=f"{store.root.name}-{label}", project=config.get("wandb_project") or "phasewatch",
+        save_dir=str(store.root), id=new_run_id(), mode=mode,
+        config={**config, job_type: {**details, "training_run_id": store.wandb_id()}},
+        job_type=job_type, group=group or None, log_model=False,
     )

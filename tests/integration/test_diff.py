@@ -1,20 +1,31 @@
 """`phasewatch diff` on a real run: two steps of one run, a run against itself, --across a
-transition, its tables, and bad input as one line with exit status 2."""
+transition, its tables (in the run folder and as W&B Tables of a W&B run beside the training
+run, read back from the offline transaction log), and bad input as one line with exit status 2."""
 
 import csv
+import re
 
 import pytest
 
 from phasewatch.rundir import RunFolder
 from phasewatch.trainers.cli import main
 
+from . import wandb_records
+from .test_report import open_page
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """A 150-step grokking run without probes, logged to an offline W&B run."""
     run = tmp_path_factory.mktemp("diff") / "run"
-    assert main(["fit", "--data.task.p", "23", "--data.task.frac_train", "0.7", "--trainer.max_steps", "150",
-                 "--trainer.val_check_interval", "10", "--probes.names", "[]", "--run_dir", str(run), "--no_wandb",
-                 "--trainer.enable_progress_bar", "false"]) == 0
+    mp = pytest.MonkeyPatch()
+    mp.setenv("WANDB_MODE", "offline")
+    try:
+        assert main(["fit", "--data.task.p", "23", "--data.task.frac_train", "0.7", "--trainer.max_steps", "150",
+                     "--trainer.val_check_interval", "10", "--probes.names", "[]", "--run_dir", str(run),
+                     "--trainer.enable_progress_bar", "false"]) == 0
+    finally:
+        mp.undo()
     return run
 
 
@@ -23,9 +34,11 @@ def _table(path):
         return {row["component"]: row for row in csv.DictReader(f)}
 
 
-def test_diff_of_two_steps_of_a_run(run, capsys):
+def test_diff_of_two_steps_of_a_run(run, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
     steps = list(RunFolder(run).checkpoint_steps())
     early = steps[1]
+    (training,) = wandb_records.offline_runs(run)
     assert main(["diff", f"{run}@{early}", f"{run}@last"]) == 0
     out = capsys.readouterr().out
     assert f"A = run@{early}, B = run@last: held-out loss" in out
@@ -40,9 +53,22 @@ def test_diff_of_two_steps_of_a_run(run, capsys):
     assert len(inputs) == 10 and all(len(r["tokens"].split()) == 3 for r in inputs)
     changes = [abs(float(r["change"])) for r in inputs]
     assert changes == sorted(changes, reverse=True) and changes[0] > 0
+    # the same tables in a W&B run of its own beside the training run
+    (diffed,) = set(wandb_records.offline_runs(run)) - {training}
+    info = wandb_records.run_info(diffed)
+    assert info["name"] == f"run-diff-run@{early}_vs_run@last" and info["job_type"] == "diff"
+    assert info["config"]["diff"]["a"] == f"{run}@{early}"
+    assert info["config"]["diff"]["training_run_id"] == RunFolder(run).wandb_id()
+    components = wandb_records.summary_table(diffed, "diff/components")
+    assert components["columns"][:3] == ["component", "kind", "weight_abs"]
+    assert [row[0] for row in components["data"]] == list(table)
+    weight = components["columns"].index("weight_abs")
+    assert components["data"][2][weight] == pytest.approx(float(table[components["data"][2][0]]["weight_abs"]),
+                                                           rel=1e-5)
+    assert len(wandb_records.summary_table(diffed, "diff/inputs")["data"]) == 10
 
     # the last checkpoint against itself: zero, and nothing to recover
-    assert main(["diff", str(run), f"{run}@last", "--name", "same"]) == 0
+    assert main(["diff", str(run), f"{run}@last", "--name", "same", "--no_wandb"]) == 0
     table = _table(run / "diff" / "same.csv")
     assert all(float(r["weight_abs"]) == 0 for r in table.values() if r["weight_abs"])
     assert all(r["patch_b_into_a"] == "" for r in table.values())
@@ -50,7 +76,7 @@ def test_diff_of_two_steps_of_a_run(run, capsys):
 
 
 def test_diff_across_the_largest_transition_of_a_series(run, capsys):
-    assert main(["diff", str(run), "--across", "train/loss"]) == 0
+    assert main(["diff", str(run), "--across", "train/loss", "--no_wandb"]) == 0
     out = capsys.readouterr().out
     first = out.splitlines()[0]
     assert first.startswith("train/loss: transition down") and "diffing the checkpoints of steps" in first
@@ -73,3 +99,16 @@ def test_bad_input_is_one_line(run, capsys, args, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_report_shows_the_diffs(run, tmp_path, chromium):
+    assert main(["diff", f"{run}@0", f"{run}@last", "--name", "from_init", "--no_wandb"]) == 0
+    assert main(["report", str(run)]) == 0
+    console, dom = open_page(chromium, run / "report.html", tmp_path)
+    assert not [line for line in console if "rror" in line or "Uncaught" in line], console
+    section = dom.split('<div id="diffs">', 1)[1]
+    assert "Model diffs (phasewatch diff)" in section and ">from_init<" in section
+    table = _table(run / "diff" / "from_init.csv")
+    for component in ("L0H0", "L0.mlp", "unembed"):
+        shown = float(f"{float(table[component]['weight_rel']):.3g}")
+        assert re.search(rf"<td>{re.escape(component)}</td><td[^>]*>{shown:g}</td>", section), component
