@@ -13,13 +13,18 @@ tokens` (L = `rep_len`, default as long as the context allows, at most 20):
   scores (L+1)/(L+2).
 - copying score of the full OV circuit W_E W_V W_O W_U: sum of its eigenvalues' real
   parts over the sum of their magnitudes (1: copies its input, -1: suppresses it).
+- induction mechanism, from the weights (`induction_mechanism_scores`): `token_k`, how much
+  a head's keys read token identities moved by an earlier head (the classic circuit,
+  K-composition with a previous-token head), and `position_q`, how much its queries read
+  positions moved by an earlier head (pointer arithmetic); an induction head whose
+  `position_q` exceeds its `token_k` is a pointer-arithmetic head (`pointer_heads`).
 - in-context-learning gap `icl/loss_gap` = loss on the second copy minus loss on the
   first (tokens 2..L of each copy): negative when the model uses the context.
 
-Keys: `heads/<prev_token,duplicate,induction,copying>/L<l>H<h>`, `heads/<type>/max`,
+Keys: `heads/<prev_token,duplicate,induction,copying,token_k,position_q>/L<l>H<h>`, `heads/<type>/max`,
 `icl/loss_gap`, `icl/first_copy_loss`, `icl/second_copy_loss`, and per kind the number of heads above its threshold
-(`heads/<type>/count`); arrays: the [layer, head] score matrices and the labels of the
-heads above threshold (`<type>_heads`).
+(`heads/<type>/count`, and `heads/pointer/count` of the pointer-arithmetic induction heads); arrays: the [layer, head]
+score matrices and the labels of the heads above threshold (`<type>_heads`, `pointer_heads`).
 """
 
 from __future__ import annotations
@@ -74,6 +79,57 @@ def copying_scores(model) -> Float[Tensor, "layer head"]:
     return eig.real.sum(-1) / eig.abs().sum(-1).clamp_min(1e-30)
 
 
+def _relative_product(a: Tensor, b: Tensor) -> float:
+    """||a b||_F / (||a||_F ||b||_F), 0 when either is zero (Elhage et al. 2021's composition norm)."""
+    size = float(torch.linalg.norm(a) * torch.linalg.norm(b))
+    return float(torch.linalg.norm(a @ b)) / size if size > 0 else 0.0
+
+
+def induction_mechanism_scores(model) -> dict[str, Float[Tensor, "layer head"]]:
+    """How each head of layer >= 1 could find "the token after the earlier copy", from
+    the weights (0 for layer 0):
+
+    - `token_k` (classic, K-composition with a previous-token head; Olsson et al. 2022):
+      the largest over earlier heads E of ||W_QK^H (W_E W_OV^E)^T|| / (||W_QK^H|| ||W_E W_OV^E||),
+      how much the head's keys read the token identities an earlier head moves;
+    - `position_q` (pointer arithmetic: Q-composition through positional directions): the
+      largest over earlier heads E of ||(W_pos W_OV^E) W_QK^H|| / (||W_pos W_OV^E|| ||W_QK^H||),
+      how much its queries read the positions an earlier head moves (a duplicate-token head
+      that writes where the earlier copy is, for the induction head to attend one further).
+
+    W_QK = W_Q W_K^T and W_OV = W_V W_O (d_model x d_model). Of two random matrices both are
+    about 1/sqrt(d_model), so they can be compared with each other."""
+    w_q, w_k = model.W_Q.detach().double(), model.W_K.detach().double()
+    w_v, w_o = model.W_V.detach().double(), model.W_O.detach().double()
+    w_e = model.W_E.detach().double()
+    w_pos = model.W_pos.detach().double() if getattr(model, "W_pos", None) is not None else None
+    n_layers, n_heads = w_q.shape[:2]
+    out = {"token_k": torch.zeros(n_layers, n_heads, dtype=torch.float64),
+           "position_q": torch.zeros(n_layers, n_heads, dtype=torch.float64)}
+    moved = [[(w_e @ w_v[l, h] @ w_o[l, h], None if w_pos is None else w_pos @ w_v[l, h] @ w_o[l, h])
+              for h in range(n_heads)] for l in range(n_layers)]
+    for layer in range(1, n_layers):
+        for head in range(n_heads):
+            qk = w_q[layer, head] @ w_k[layer, head].T
+            earlier = [moved[l][h] for l in range(layer) for h in range(n_heads)]
+            out["token_k"][layer, head] = max(_relative_product(qk, tokens.T) for tokens, _ in earlier)
+            if w_pos is not None:
+                out["position_q"][layer, head] = max(_relative_product(positions, qk) for _, positions in earlier)
+    return out
+
+
+def pointer_heads(scores: dict[str, Tensor], induction_heads: list[str]) -> list[str]:
+    """The induction heads whose queries read positions more than their keys read moved
+    tokens (`position_q` > `token_k`): pointer arithmetic rather than the classic circuit."""
+    return [label for label in induction_heads
+            if float(scores["position_q"][_index(label)]) > float(scores["token_k"][_index(label)])]
+
+
+def _index(label: str) -> tuple[int, int]:
+    layer, head = label[1:].split("H")
+    return int(layer), int(head)
+
+
 @torch.no_grad()
 def head_scores(model, vocab_size: int, bos: int, n_ctx: int, rep_len: int | None = None, batch: int = 64) -> dict:
     """Every head score and the in-context-learning gap (see the module docstring)."""
@@ -88,6 +144,7 @@ def head_scores(model, vocab_size: int, bos: int, n_ctx: int, rep_len: int | Non
         "duplicate": torch.stack([duplicate_token_score(p, tokens) for p in patterns]),
         "induction": torch.stack([induction_score(p, rep_len) for p in patterns]),
         "copying": copying_scores(model).cpu(),
+        **{k: v.cpu() for k, v in induction_mechanism_scores(model).items()},
     }
     logp = F.log_softmax(logits.double().cpu()[:, :-1], dim=-1)
     nll = -logp.gather(-1, tokens[:, 1:, None])[..., 0]  # position i predicts token i+1
@@ -116,6 +173,8 @@ def head_probe_values(model, vocab_size: int, bos: int, n_ctx: int,
     for kind, labels in classify(result["scores"], {**THRESHOLDS, **(thresholds or {})}).items():
         out[f"heads/{kind}/count"] = float(len(labels))
         out[f"{kind}_heads"] = labels
+    out["pointer_heads"] = pointer_heads(result["scores"], out["induction_heads"])
+    out["heads/pointer/count"] = float(len(out["pointer_heads"]))
     return out
 
 
