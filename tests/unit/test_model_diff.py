@@ -34,7 +34,9 @@ def test_a_model_diffed_with_itself_is_zero_everywhere(task):
         for key, value in _numbers(row).items():
             if key in ("dla_a", "dla_b"):
                 continue
-            if key.startswith("patch"):
+            if key.startswith("patched_loss"):
+                assert value == pytest.approx(result.loss_a, rel=1e-6), (row["component"], key)  # the same model
+            elif key.startswith("patch"):
                 assert value is None, (row["component"], key)  # no loss gap, nothing to recover
             else:
                 assert value == 0, (row["component"], key, value)
