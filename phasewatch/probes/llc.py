@@ -34,9 +34,10 @@ bench/llc_calibration.py measure them on a run's own checkpoints (bench/README.m
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -82,7 +83,7 @@ def estimate_llc(
     d = sum(p.numel() for p in params)
     max_rise = 10.0 * d if max_rise is None else max_rise
     device = params[0].device
-    g = torch.Generator(device=device).manual_seed(seed)
+    noise_of = chain_generators(seed, chains, device)
     w_star = [p.detach().clone() for p in params]
     grad_flags = [p.requires_grad for p in params]
     steps = burn_in + draws
@@ -105,13 +106,11 @@ def estimate_llc(
                 trace[c, t] = loss.detach()
                 with torch.no_grad():
                     for p, grad, p0 in zip(params, grads, w_star):
-                        noise = torch.randn(p.shape, generator=g, device=device, dtype=p.dtype)
+                        noise = torch.randn(p.shape, generator=noise_of[c], device=device, dtype=p.dtype)
                         p.add_(-(step_size / 2) * (nb * grad + gamma * (p - p0)) + math.sqrt(step_size) * noise)
-                if (t + 1) % check_every == 0 or t == steps - 1:  # one host sync per check_every steps
-                    seen = trace[c, : t + 1]
-                    if not bool(torch.isfinite(seen).all()) or float(seen.max() - loss_star) * nb > max_rise:
-                        converged = False
-                        break
+                if ((t + 1) % check_every == 0 or t == steps - 1) and not _check(trace[c], t, loss_star, nb, max_rise):
+                    converged = False  # one host sync per check_every steps
+                    break
             if not converged:
                 break
     finally:
@@ -119,6 +118,24 @@ def estimate_llc(
             for p, p0, flag in zip(params, w_star, grad_flags):
                 p.copy_(p0)
                 p.requires_grad_(flag)
+    return _result(trace, burn_in, draws, float(loss_star), nb, d, converged)
+
+
+def chain_generators(seed: int, chains: int, device) -> list[torch.Generator]:
+    """One random stream per chain (chain c: seed `seed * 7919 + c`): a chain's noise is the
+    same whether the chains run one after the other or side by side."""
+    return [torch.Generator(device=device).manual_seed(seed * 7919 + c) for c in range(chains)]
+
+
+def _check(trace: Tensor, t: int, loss_star: float, nb: float, max_rise: float) -> bool:
+    """Whether every chain's draws up to step t are finite and within `max_rise` of L(w*)."""
+    seen = trace[..., : t + 1]
+    return bool(torch.isfinite(seen).all()) and float(seen.max() - loss_star) * nb <= max_rise
+
+
+def _result(trace: Tensor, burn_in: int, draws: int, loss_star: float, nb: float, d: int, converged: bool) -> dict:
+    """The estimate and its diagnostics from the chains' loss traces (chains x steps)."""
+    chains = trace.shape[0]
     sampled = trace[:, burn_in:].double()
     per_chain = nb * (sampled.mean(dim=1) - loss_star)
     mean = float(per_chain.mean())
@@ -132,17 +149,81 @@ def estimate_llc(
             "loss_star": loss_star}
 
 
-def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int = 8, **kwargs) -> dict:
+def estimate_llc_side_by_side(
+    loss: Callable[[dict[str, Tensor], Any], Tensor],
+    params: dict[str, Tensor],
+    inputs_at: Callable[[int], Any],
+    n: int,
+    *,
+    loss_star: float,
+    chains: int = 4,
+    draws: int = 200,
+    burn_in: int = 100,
+    step_size: float = 1e-4,
+    gamma: float = 100.0,
+    beta: float | None = None,
+    max_rise: float | None = None,
+    seed: int = 0,
+    check_every: int = 25,
+) -> dict:
+    """`estimate_llc` with the chains run side by side: one vectorised forward and backward
+    pass per SGLD step for all chains (`torch.func.vmap` of `grad_and_value`), instead of
+    one per chain. `loss(params, inputs)` is one chain's loss as a pure function of its
+    parameters (a dict of tensors, e.g. for `torch.func.functional_call`) and inputs;
+    `inputs_at(t)` gives step t's inputs with a leading chain dimension. Each chain draws its
+    noise from its own stream (`chain_generators`), so chain c follows the same path as
+    chain c of `estimate_llc` given the same inputs, to floating-point accuracy. The tensors
+    in `params` are not touched."""
+    from torch.func import grad_and_value, vmap
+
+    if n < 2:
+        raise ValueError(f"the LLC needs n >= 2 samples, got {n}")
+    if chains < 1 or draws < 1 or burn_in < 0 or step_size <= 0 or gamma < 0:
+        raise ValueError(f"invalid SGLD settings: chains {chains}, draws {draws}, burn_in {burn_in}, "
+                         f"step_size {step_size}, gamma {gamma}")
+    nb = n * (1 / math.log(n) if beta is None else beta)
+    d = sum(p.numel() for p in params.values())
+    max_rise = 10.0 * d if max_rise is None else max_rise
+    w_star = {k: p.detach() for k, p in params.items()}
+    device = next(iter(w_star.values())).device
+    noise_of = chain_generators(seed, chains, device)
+    state = {k: p.unsqueeze(0).repeat(chains, *[1] * p.dim()) for k, p in w_star.items()}
+    step = vmap(grad_and_value(loss), in_dims=(0, 0))
+    steps = burn_in + draws
+    trace = torch.full((chains, steps), float("nan"), dtype=torch.float64, device=device)
+    converged = True
+    for t in range(steps):
+        grads, values = step(state, inputs_at(t))
+        trace[:, t] = values.detach()
+        with torch.no_grad():
+            for k, w in state.items():
+                noise = torch.stack([torch.randn(w.shape[1:], generator=g, device=device, dtype=w.dtype)
+                                     for g in noise_of])
+                w.add_(-(step_size / 2) * (nb * grads[k] + gamma * (w - w_star[k])) + math.sqrt(step_size) * noise)
+        if ((t + 1) % check_every == 0 or t == steps - 1) and not _check(trace, t, loss_star, nb, max_rise):
+            converged = False
+            break
+    return _result(trace, burn_in, draws, float(loss_star), nb, d, converged)
+
+
+def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int = 8, side_by_side: bool = True,
+                      **kwargs) -> dict:
     """`estimate_llc`'s output for a model's training loss: on the full training set of a
     full-batch task, or on a fixed pool of `pool` training batches (steps 0..pool-1) of a
     streaming one. SGLD steps use minibatches of `batch_size` examples drawn at random from
-    it (full-batch tasks; default 256) or the pool's batches in turn (streaming; default
-    size: the task's own)."""
-    from phasewatch.tasks.base import masked_loss
+    it (full-batch tasks; default 256; chain after chain, step after step, from one stream)
+    or the pool's batches in turn (streaming; default size: the task's own). With
+    `side_by_side` (default) the chains run as one vectorised population
+    (`estimate_llc_side_by_side`); otherwise one after the other (`estimate_llc`): the same
+    numbers to floating-point accuracy."""
+    from phasewatch.tasks.base import Batch, masked_loss, masked_mean_loss
 
     module = native_module(model)
-    params = [p for p in module.parameters() if p.requires_grad]
+    named = {k: p for k, p in module.named_parameters() if p.requires_grad}
+    params = list(named.values())
     device = params[0].device
+    chains = kwargs.get("chains", 4)
+    steps = kwargs.get("burn_in", 100) + kwargs.get("draws", 200)
     if task.full_batch:
         full = task.train_batch(0, None).to(device)
         size = len(full)
@@ -150,31 +231,67 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
             raise ValueError(f"llc batch_size must be a positive number of examples, got {batch_size}")
         batch_size = min(256 if batch_size is None else batch_size, size)
         pick = torch.Generator(device=device).manual_seed(kwargs.get("seed", 0) + 1)
-
-        def batch_at(t: int):
-            if t < 0 or batch_size == size:
-                return full
-            idx = torch.randperm(size, generator=pick, device=device)[:batch_size]
-            return type(full)(full.tokens[idx], full.targets[idx], full.loss_mask[idx], {})
-
         batches = [full]
+        if batch_size == size:
+            picks = None
+        else:  # chain c's minibatch at step t: the (c * steps + t)-th draw, as the chains run one after the other
+            picks = torch.stack([torch.randperm(size, generator=pick, device=device)[:batch_size]
+                                 for _ in range(chains * steps)]).reshape(chains, steps, batch_size)
+
+        def batch_at(t: int, chain: int = 0):
+            if t < 0 or picks is None:
+                return full
+            idx = picks[chain, t]
+            return Batch(full.tokens[idx], full.targets[idx], full.loss_mask[idx], {})
     else:
         if pool < 1:
             raise ValueError(f"llc pool must be at least one batch, got {pool}")
         batches = [task.train_batch(i, batch_size).to(device) for i in range(pool)]
 
-        def batch_at(t: int):
+        def batch_at(t: int, chain: int = 0):
             return batches[t % len(batches)]
-
-    def loss_fn(t: int) -> Tensor:
-        batch = batch_at(t)
-        return masked_loss(module(batch.tokens), batch, task.loss_dtype)
 
     counts = [int(b.loss_mask.sum()) for b in batches]
     n = sum(counts)
     with torch.no_grad():
         loss_star = sum(float(masked_loss(module(b.tokens), b, task.loss_dtype)) * k for b, k in zip(batches, counts)) / n
+    if side_by_side:
+        from torch.func import functional_call
+
+        def loss(p: dict[str, Tensor], inputs: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+            tokens, targets, mask = inputs
+            return masked_mean_loss(functional_call(module, p, (tokens,)), Batch(tokens, targets, mask), task.loss_dtype)
+
+        def inputs_at(t: int) -> tuple[Tensor, Tensor, Tensor]:
+            per_chain = [batch_at(t, c) for c in range(chains)]
+            return tuple(torch.stack([getattr(b, f) for b in per_chain]) for f in ("tokens", "targets", "loss_mask"))
+
+        with _parameters_kept(module):
+            return estimate_llc_side_by_side(loss, named, inputs_at, n, loss_star=loss_star, **kwargs)
+    chain = {"c": -1}
+
+    def loss_fn(t: int) -> Tensor:
+        if t == 0:
+            chain["c"] += 1  # estimate_llc runs chain after chain, each from step 0
+        batch = batch_at(t, max(chain["c"], 0))
+        return masked_loss(module(batch.tokens), batch, task.loss_dtype)
+
     return estimate_llc(loss_fn, params, n, loss_star=loss_star, **kwargs)
+
+
+@contextlib.contextmanager
+def _parameters_kept(module: torch.nn.Module):
+    """Put every parameter entry of every submodule back as it was on leaving. A bridge
+    reaches its weights under several module paths, and `torch.func.functional_call` under
+    `vmap` leaves the batched stand-ins in some of them (a later plain forward then fails
+    with "tensor escaped from inside a function being vmapped")."""
+    kept = [(sub, name, param) for _, sub in module.named_modules(remove_duplicate=False)
+            for name, param in sub.named_parameters(recurse=False)]
+    try:
+        yield
+    finally:
+        for sub, name, param in kept:
+            setattr(sub, name, param)
 
 
 def model_llc(model, task, **options) -> dict:

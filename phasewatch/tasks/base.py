@@ -191,6 +191,15 @@ def masked_loss(logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype) -> 
     return F.cross_entropy(logits[batch.loss_mask].to(loss_dtype), batch.targets[batch.loss_mask])
 
 
+def masked_mean_loss(logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype) -> torch.Tensor:
+    """`masked_loss` without boolean indexing: every position's cross-entropy, weighted by the
+    mask. The same number (up to the order of summation), with shapes that do not depend on
+    the mask, so that it runs under `torch.func.vmap` (the LLC's chains side by side)."""
+    per = F.cross_entropy(logits.to(loss_dtype).flatten(0, -2), batch.targets.flatten(), reduction="none")
+    weight = batch.loss_mask.flatten().to(per.dtype)
+    return (per * weight).sum() / weight.sum()
+
+
 def masked_loss_and_acc(
     logits: torch.Tensor, batch: Batch, loss_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:

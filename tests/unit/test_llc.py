@@ -9,7 +9,7 @@ import torch
 
 from phasewatch.models import ModelConfig, build_model
 from phasewatch.probes import get_probe
-from phasewatch.probes.llc import calibrate_llc, estimate_llc, model_llc, recommend_step_size
+from phasewatch.probes.llc import calibrate_llc, estimate_llc, model_llc, recommend_step_size, training_loss_llc
 from phasewatch.tasks import make_task
 
 D = 64  # independent copies of the 1-D potential, estimated together: lambda = D / k
@@ -144,3 +144,23 @@ def test_the_probe_warns_when_it_runs_on_the_uncalibrated_default_step_size(trai
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert probe(model, task, step_size=1e-4, **cheap)["llc/converged"] == 1.0
+
+
+@pytest.mark.parametrize("case", ["minibatches", "full batch", "streaming pool"])
+def test_chains_side_by_side_follow_the_same_paths_as_one_after_the_other(trained_small_model, case):
+    """The vectorised chains (torch.func.vmap, the default) against the sequential ones, with
+    the same minibatches and noise streams: the same loss at every SGLD step, to float accuracy."""
+    model, task = trained_small_model
+    options = dict(chains=3, draws=20, burn_in=10, step_size=1e-4, gamma=300.0)
+    if case == "minibatches":
+        options["batch_size"] = 16  # random minibatches of the 84 training pairs
+    elif case == "streaming pool":
+        task = make_task("induction", vocab_size=16, seq_len=17, min_len=2, max_len=8, batch_size=8)
+        model = build_model(ModelConfig(n_layers=2, d_model=16, n_heads=2, attn_only=True, seed=2), task)
+        options["pool"] = 3
+    together = training_loss_llc(model, task, side_by_side=True, **options)
+    apart = training_loss_llc(model, task, side_by_side=False, **options)
+    assert together["llc/converged"] == apart["llc/converged"] == 1.0
+    assert torch.allclose(together["trace"], apart["trace"], rtol=1e-5, atol=1e-7)
+    assert together["llc"] == pytest.approx(apart["llc"], rel=1e-3)
+    assert len({tuple(row[:5].tolist()) for row in together["trace"]}) == 3  # the chains are not copies of each other
