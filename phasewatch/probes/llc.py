@@ -7,7 +7,8 @@ Landscape Degeneracy Drives Stagewise Development in Transformers"), docs/refere
 `estimate_llc` is the estimator for any loss of a list of parameter tensors. It samples
 by moving those tensors in place (a model's own parameters: no copy of the model, no
 functional re-binding) and puts back their exact values afterwards, also when it fails.
-Chains are independent and run one after the other. A chain that leaves the basin (a
+Chains are independent and run one after the other (`estimate_llc`) or side by side
+(`estimate_llc_side_by_side`: one vectorised pass for all chains). A chain that leaves the basin (a
 non-finite loss, or a single draw more than `max_rise` above L(w*) on the LLC's scale,
 by default 20 x the largest possible LLC d/2), or an estimate above d (twice the largest
 possible value for d parameters), makes the result "did not converge" (`converged`
@@ -26,7 +27,9 @@ ask for it with `--probes.names '[llc, ...]'` (it then runs on its own sparse sc
 `llc/converged`, `llc/drift` (how far the chains' mean loss still moves between the
 two halves of the draws, relative to its rise: near 0 once they have settled),
 `llc/loss_star` (L(w*) on the data used); array `trace` (chains x steps, the loss of
-every step, burn-in included; the report draws it as lines).
+every step, burn-in included; the report draws it as lines). Option `side_by_side`: the
+chains as one vectorised population (default on a GPU or with 4+ chains) or one after the
+other; the same numbers either way.
 
 Settings (step size, localisation gamma) are not universal: `calibrate_llc` and
 bench/llc_calibration.py measure them on a run's own checkpoints (bench/README.md).
@@ -206,16 +209,17 @@ def estimate_llc_side_by_side(
     return _result(trace, burn_in, draws, float(loss_star), nb, d, converged)
 
 
-def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int = 8, side_by_side: bool = True,
-                      **kwargs) -> dict:
+def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int = 8,
+                      side_by_side: bool | None = None, **kwargs) -> dict:
     """`estimate_llc`'s output for a model's training loss: on the full training set of a
     full-batch task, or on a fixed pool of `pool` training batches (steps 0..pool-1) of a
     streaming one. SGLD steps use minibatches of `batch_size` examples drawn at random from
     it (full-batch tasks; default 256; chain after chain, step after step, from one stream)
     or the pool's batches in turn (streaming; default size: the task's own). With
-    `side_by_side` (default) the chains run as one vectorised population
-    (`estimate_llc_side_by_side`); otherwise one after the other (`estimate_llc`): the same
-    numbers to floating-point accuracy."""
+    `side_by_side` the chains run as one vectorised population (`estimate_llc_side_by_side`),
+    otherwise one after the other (`estimate_llc`): the same numbers to floating-point
+    accuracy. Default (None): side by side on a GPU, or with 4 chains or more (on the CPU,
+    2 chains side by side are 0.9-1.0x as fast, 8 chains 1.25-2.2x: bench/README.md)."""
     from phasewatch.tasks.base import Batch, masked_loss, masked_mean_loss
 
     module = native_module(model)
@@ -255,6 +259,8 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
     n = sum(counts)
     with torch.no_grad():
         loss_star = sum(float(masked_loss(module(b.tokens), b, task.loss_dtype)) * k for b, k in zip(batches, counts)) / n
+    if side_by_side is None:
+        side_by_side = chains >= 4 or device.type != "cpu"
     if side_by_side:
         from torch.func import functional_call
 
@@ -313,8 +319,8 @@ KEYS = KeyFamilies(
 
 @register_probe("llc", applies_to=lambda task: True, default=False, schedule={"kind": "log", "count": 24}, keys=KEYS)
 def llc_probe(model, task, **options) -> dict:
-    """`model_llc`; options: chains, draws, burn_in, step_size, gamma, batch_size, pool, seed
-    (defaults in DEFAULTS)."""
+    """`model_llc`; options: chains, draws, burn_in, step_size, gamma, batch_size, pool, seed,
+    side_by_side (defaults in DEFAULTS; side_by_side: on a GPU or with 4+ chains)."""
     if "step_size" not in options:
         # shown once per process: the default is calibrated on two configs, not on every model
         warnings.warn(f"llc: no step size given; the default SGLD step size {DEFAULTS['step_size']:g} was calibrated "
