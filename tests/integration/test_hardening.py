@@ -282,6 +282,7 @@ def test_a_module_built_in_python_saves_hyperparameters_that_load_without_code(t
     assert read_checkpoint(path)["hyper_parameters"]["arch"]["d_model"] == 16
 
 
+@pytest.mark.slow  # 90 s; one kill and resume is compared with W&B step by step in test_fit.py (default suite)
 def test_wandb_matches_the_run_folder_after_several_kills(tmp_path):
     """kill -9 three times, each at a random moment, then resume: the newest offline W&B file
     (the one `wandb sync` leaves standing, as a later file of the same id replaces an earlier

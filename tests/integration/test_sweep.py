@@ -151,6 +151,7 @@ def test_offline_grid_sweep_in_parallel_then_compare_and_analyze(tmp_path, capsy
     assert analyses[0]["steps"] == [m["step"] for m in added]  # the refused analysis wrote nothing
 
 
+@pytest.mark.slow  # two minutes of sweep processes; a resumed run's files are tested in test_fit.py
 def test_an_interrupted_sweep_resumes_without_rerunning_finished_runs(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY.replace("[0.5, 0.7]", "[0.5]"))  # 2 runs
     proc = _sweep(tmp_path)
