@@ -137,6 +137,7 @@ def _through_final_norm(model, parts: torch.Tensor, scale: torch.Tensor | None) 
     return parts if weight is None else parts * weight
 
 
+@torch.no_grad()
 def direct_logit_attribution(model, batch: Batch) -> dict[str, torch.Tensor]:
     """component -> its direct effect on the correct token's logit at every answer position
     (float64, one value per answer position of the batch): embed, pos_embed, each head,
