@@ -75,16 +75,9 @@ def estimate_llc(
 
     `loss_star` is L_n(w*) (default: `loss_fn(-1)` at the start, for deterministic losses).
     The tensors in `params` are moved in place while sampling and restored exactly."""
-    if n < 2:
-        raise ValueError(f"the LLC needs n >= 2 samples, got {n}")
-    if chains < 1 or draws < 1 or burn_in < 0 or step_size <= 0 or gamma < 0:
-        raise ValueError(f"invalid SGLD settings: chains {chains}, draws {draws}, burn_in {burn_in}, "
-                         f"step_size {step_size}, gamma {gamma}")
-    beta = 1 / math.log(n) if beta is None else beta
-    nb = n * beta
     params = list(params)
     d = sum(p.numel() for p in params)
-    max_rise = 10.0 * d if max_rise is None else max_rise
+    nb, max_rise = _settings(n, d, chains, draws, burn_in, step_size, gamma, beta, max_rise)
     device = params[0].device
     noise_of = chain_generators(seed, chains, device)
     w_star = [p.detach().clone() for p in params]
@@ -110,7 +103,7 @@ def estimate_llc(
                 with torch.no_grad():
                     for p, grad, p0 in zip(params, grads, w_star):
                         noise = torch.randn(p.shape, generator=noise_of[c], device=device, dtype=p.dtype)
-                        p.add_(-(step_size / 2) * (nb * grad + gamma * (p - p0)) + math.sqrt(step_size) * noise)
+                        _sgld_step(p, grad, p0, noise, step_size, nb, gamma)
                 if ((t + 1) % check_every == 0 or t == steps - 1) and not _check(trace[c], t, loss_star, nb, max_rise):
                     converged = False  # one host sync per check_every steps
                     break
@@ -122,6 +115,25 @@ def estimate_llc(
                 p.copy_(p0)
                 p.requires_grad_(flag)
     return _result(trace, burn_in, draws, float(loss_star), nb, d, converged)
+
+
+def _settings(n: int, d: int, chains: int, draws: int, burn_in: int, step_size: float, gamma: float,
+              beta: float | None, max_rise: float | None) -> tuple[float, float]:
+    """(n beta, max_rise) with their defaults (beta = 1 / log n; max_rise = 10 d), after the
+    settings are checked (ValueError naming them)."""
+    if n < 2:
+        raise ValueError(f"the LLC needs n >= 2 samples, got {n}")
+    if chains < 1 or draws < 1 or burn_in < 0 or step_size <= 0 or gamma < 0:
+        raise ValueError(f"invalid SGLD settings: chains {chains}, draws {draws}, burn_in {burn_in}, "
+                         f"step_size {step_size}, gamma {gamma}")
+    nb = n * (1 / math.log(n) if beta is None else beta)
+    return nb, 10.0 * d if max_rise is None else max_rise
+
+
+def _sgld_step(w: Tensor, grad: Tensor, w_star: Tensor, noise: Tensor, step_size: float, nb: float,
+               gamma: float) -> None:
+    """One SGLD step in place: w <- w - (eps/2) (n beta grad + gamma (w - w*)) + sqrt(eps) noise."""
+    w.add_(-(step_size / 2) * (nb * grad + gamma * (w - w_star)) + math.sqrt(step_size) * noise)
 
 
 def chain_generators(seed: int, chains: int, device) -> list[torch.Generator]:
@@ -179,14 +191,8 @@ def estimate_llc_side_by_side(
     in `params` are not touched."""
     from torch.func import grad_and_value, vmap
 
-    if n < 2:
-        raise ValueError(f"the LLC needs n >= 2 samples, got {n}")
-    if chains < 1 or draws < 1 or burn_in < 0 or step_size <= 0 or gamma < 0:
-        raise ValueError(f"invalid SGLD settings: chains {chains}, draws {draws}, burn_in {burn_in}, "
-                         f"step_size {step_size}, gamma {gamma}")
-    nb = n * (1 / math.log(n) if beta is None else beta)
     d = sum(p.numel() for p in params.values())
-    max_rise = 10.0 * d if max_rise is None else max_rise
+    nb, max_rise = _settings(n, d, chains, draws, burn_in, step_size, gamma, beta, max_rise)
     w_star = {k: p.detach() for k, p in params.items()}
     device = next(iter(w_star.values())).device
     noise_of = chain_generators(seed, chains, device)
@@ -202,7 +208,7 @@ def estimate_llc_side_by_side(
             for k, w in state.items():
                 noise = torch.stack([torch.randn(w.shape[1:], generator=g, device=device, dtype=w.dtype)
                                      for g in noise_of])
-                w.add_(-(step_size / 2) * (nb * grads[k] + gamma * (w - w_star[k])) + math.sqrt(step_size) * noise)
+                _sgld_step(w, grads[k], w_star[k], noise, step_size, nb, gamma)
         if ((t + 1) % check_every == 0 or t == steps - 1) and not _check(trace, t, loss_star, nb, max_rise):
             converged = False
             break

@@ -78,10 +78,10 @@ def check_same_structure(a, b) -> None:
 
 
 def diff_components(model) -> list[tuple[str, str]]:
-    """(component, kind) in the order of the residual stream: embed, pos_embed, per layer its
-    heads, attention and MLP, then unembed."""
+    """(component, kind) in the order of the residual stream: embed, pos_embed (when the
+    model has positional embeddings), per layer its heads, attention and MLP, then unembed."""
     cfg = model.cfg
-    out = [("embed", "embed"), ("pos_embed", "embed")]
+    out = [("embed", "embed")] + ([("pos_embed", "embed")] if model.W_pos is not None else [])
     for layer in range(cfg.n_layers):
         out += [(f"L{layer}H{h}", "head") for h in range(cfg.n_heads)]
         out.append((f"L{layer}.attn", "attn"))
@@ -143,18 +143,17 @@ def direct_logit_attribution(model, batch: Batch) -> dict[str, torch.Tensor]:
     (float64, one value per answer position of the batch): embed, pos_embed, each head,
     each layer's `L<l>.attn_bias` (b_O) and MLP, and `norm_bias` (the final LayerNorm's bias,
     0 without one). Together they sum to the logit."""
-    logits, acts = _run(model, batch.tokens)
+    return _logit_parts(model, _run(model, batch.tokens)[1], batch)
+
+
+def _logit_parts(model, acts: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
+    """`direct_logit_attribution` from the outputs of the model's run on the batch (`_run`)."""
     mask, targets = batch.loss_mask, batch.targets[batch.loss_mask]
     scale = acts["ln_final.scale"][mask].double() if "ln_final.scale" in acts else None
     unembed = model.W_U.double()[:, targets].T  # (answers, d_model)
     cfg = model.cfg
-    parts = ["embed", "pos_embed"]
-    for layer in range(cfg.n_layers):
-        parts += [f"L{layer}H{h}" for h in range(cfg.n_heads)]
-        if not cfg.attn_only:
-            parts.append(f"L{layer}.mlp")
     out = {}
-    for label in parts:
+    for label in (c for c, kind in diff_components(model) if kind in ("embed", "head", "mlp")):
         out[label] = (_through_final_norm(model, acts[label][mask].double(), scale) * unembed).sum(-1)
     for layer in range(cfg.n_layers):
         bias = model.b_O[layer].double().expand(int(mask.sum()), -1)
@@ -214,8 +213,6 @@ def _unembed(model, resid: torch.Tensor) -> torch.Tensor:
 def _weight_rows(a, b) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for comp, kind in diff_components(a):
-        if comp == "pos_embed" and a.W_pos is None:
-            continue
         pa, pb = _parameters(a, comp), _parameters(b, comp)
         diff = sum(float(((x - y).double() ** 2).sum()) for x, y in zip(pa, pb)) ** 0.5
         size = sum(float((x.double() ** 2).sum()) for x in pa) ** 0.5
@@ -264,8 +261,6 @@ def model_diff(a, b, task: Task, per_length: int | None = 256, top_examples: int
         batches = list(task.val_batches())
     device = next(a.parameters()).device
     comps = diff_components(a)
-    has_pos = a.W_pos is not None
-    comps = [(c, k) for c, k in comps if c != "pos_embed" or has_pos]
     sites = [f"resid_pre.L{layer}" for layer in range(a.cfg.n_layers)] + ["resid_final"]
     sq = {name: [0.0, 0.0, 0] for name, _ in comps + [(s, "resid") for s in sites] if name != "unembed"}
     dla = {"a": {}, "b": {}}
@@ -281,8 +276,8 @@ def model_diff(a, b, task: Task, per_length: int | None = 256, top_examples: int
             entry[0] += float(((xb - xa) ** 2).sum())
             entry[1] += float((xa ** 2).sum())
             entry[2] += xa.numel()
-        for side, model in (("a", a), ("b", b)):
-            for label, values in direct_logit_attribution(model, batch).items():
+        for side, model, acts in (("a", a, acts_a), ("b", b, acts_b)):
+            for label, values in _logit_parts(model, acts, batch).items():
                 dla[side][label] = dla[side].get(label, 0.0) + float(values.sum())
         loss_a, loss_b = _loss(logits_a, batch), _loss(logits_b, batch)
         losses["a"] += float(loss_a.sum())

@@ -87,9 +87,11 @@ def head_catalogue(folder: RunFolder) -> tuple[list[str], list[dict[str, Any]]]:
     return ["step", "head", *columns], rows
 
 
-def write_head_catalogue(folder: RunFolder) -> tuple[list[str], list[dict[str, Any]]] | None:
-    """Write the run's `heads.csv` (None, and nothing written, when no probe scored heads)."""
-    columns, rows = head_catalogue(folder)
+def write_head_catalogue(folder: RunFolder, catalogue: tuple[list[str], list[dict[str, Any]]] | None = None
+                         ) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """Write the run's `heads.csv` (None, and nothing written, when no probe scored heads);
+    `catalogue`: `head_catalogue(folder)` when already read."""
+    columns, rows = catalogue or head_catalogue(folder)
     if not rows:
         return None
     write_csv(columns, rows, folder.head_catalogue)

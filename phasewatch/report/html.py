@@ -105,7 +105,10 @@ def _labels(folder: RunFolder, probe: str, key: str, matrix: list) -> dict:
     return {"rows": names[:rows], "cols": names[rows:rows + cols]} if len(names) == rows + cols else {}
 
 
-def build_report(run_dir: str | Path, live: bool = False) -> str:
+def build_report(run_dir: str | Path, live: bool = False,
+                 catalogue: tuple[list[str], list[dict]] | None = None) -> str:
+    """The report's HTML; `catalogue`: the run's per-head catalogue when already read
+    (`head_catalogue`; read here otherwise)."""
     folder = RunFolder(run_dir)
     series = load_series(folder.root)
     watched = {k: v for k, v in series.items() if not is_detail(k)}
@@ -118,7 +121,7 @@ def build_report(run_dir: str | Path, live: bool = False) -> str:
         "panels": panels,
         "events": events,
         "leadlag": lead_lag(events, reference) if reference else [],
-        "arrays": _arrays(folder) | _catalogue(folder),
+        "arrays": _arrays(folder) | _catalogue(catalogue or head_catalogue(folder)),
         "interventions": folder.read_interventions(),
         "diffs": _diffs(folder),
     }
@@ -148,9 +151,9 @@ def _diffs(folder: RunFolder) -> list[dict]:
     return out
 
 
-def _catalogue(folder: RunFolder) -> dict[str, dict]:
+def _catalogue(catalogue: tuple[list[str], list[dict]]) -> dict[str, dict]:
     """The per-head catalogue as one more array panel (report/heads.py), when probes scored heads."""
-    columns, rows = head_catalogue(folder)
+    columns, rows = catalogue
     drawn = catalogue_array(columns, rows) if rows else None
     return {"head catalogue (heads.csv)": drawn} if drawn else {}
 
@@ -160,8 +163,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, live: bool 
     catalogue (`heads.csv`, report/heads.py) beside it; returns the report's path."""
     folder = RunFolder(run_dir)
     folder.require_metrics()
-    write_head_catalogue(folder)
-    return folder.write_atomic(Path(out) if out else folder.report, build_report(folder.root, live))
+    catalogue = head_catalogue(folder)
+    write_head_catalogue(folder, catalogue)
+    return folder.write_atomic(Path(out) if out else folder.report, build_report(folder.root, live, catalogue))
 
 
 TEMPLATE = r"""<!DOCTYPE html>
