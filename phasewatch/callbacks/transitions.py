@@ -188,13 +188,14 @@ class TransitionWatcher(pl.Callback):
     @staticmethod
     def _announce(trainer: pl.Trainer, event: dict) -> None:
         at, metric, direction = event["detected_at"], event["metric"], event["direction"]
+        at = f"{trainer.member} step {at}" if getattr(trainer, "member", None) else f"step {at}"  # a population's
         if event["stage"] == "onset":
-            print(f"phasewatch: step {at}: transition under way in {metric} ({direction}) since step {event['onset']}")
+            print(f"phasewatch: {at}: transition under way in {metric} ({direction}) since step {event['onset']}")
         elif event["stage"] == "withdrawn":
-            print(f"phasewatch: step {at}: withdrawn: the change in {metric} ({direction}) from step "
+            print(f"phasewatch: {at}: withdrawn: the change in {metric} ({direction}) from step "
                   f"{event['onset']} was not a transition")
         else:
-            print(f"phasewatch: step {at}: transition in {metric} ({direction}) "
+            print(f"phasewatch: {at}: transition in {metric} ({direction}) "
                   f"from step {event['onset']} to {event['end']}, midpoint {event['midpoint']}, "
                   f"magnitude {event['magnitude']:.4g}")
         log_event(trainer, event)

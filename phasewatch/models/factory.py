@@ -9,6 +9,7 @@ Models are TransformerLens 4 bridges built with `TransformerBridge.boot_native` 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from typing import Any
@@ -138,3 +139,18 @@ def native_module(model: torch.nn.Module) -> torch.nn.Module:
     """The plain PyTorch module inside a bridge (no hooks): use it where hooks are not
     needed and speed matters (the training step). Any other module is returned as it is."""
     return getattr(model, "original_model", model)
+
+
+@contextlib.contextmanager
+def parameters_kept(module: torch.nn.Module):
+    """Put every parameter entry of every submodule back as it was on leaving. A bridge
+    reaches its weights under several module paths, and `torch.func.functional_call` under
+    `vmap` leaves the batched stand-ins in some of them (a later plain forward then fails
+    with "tensor escaped from inside a function being vmapped")."""
+    kept = [(sub, name, param) for _, sub in module.named_modules(remove_duplicate=False)
+            for name, param in sub.named_parameters(recurse=False)]
+    try:
+        yield
+    finally:
+        for sub, name, param in kept:
+            setattr(sub, name, param)

@@ -37,7 +37,6 @@ bench/llc_calibration.py measure them on a run's own checkpoints (bench/README.m
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 from typing import Any, Callable, Sequence
@@ -45,7 +44,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from phasewatch.models import native_module
+from phasewatch.models import native_module, parameters_kept
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import ConfigError
@@ -278,7 +277,7 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
             per_chain = [batch_at(t, c) for c in range(chains)]
             return tuple(torch.stack([getattr(b, f) for b in per_chain]) for f in ("tokens", "targets", "loss_mask"))
 
-        with _parameters_kept(module):
+        with parameters_kept(module):
             return estimate_llc_side_by_side(loss, named, inputs_at, n, loss_star=loss_star, **kwargs)
     chain = {"c": -1}
 
@@ -289,21 +288,6 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
         return masked_loss(module(batch.tokens), batch, task.loss_dtype)
 
     return estimate_llc(loss_fn, params, n, loss_star=loss_star, **kwargs)
-
-
-@contextlib.contextmanager
-def _parameters_kept(module: torch.nn.Module):
-    """Put every parameter entry of every submodule back as it was on leaving. A bridge
-    reaches its weights under several module paths, and `torch.func.functional_call` under
-    `vmap` leaves the batched stand-ins in some of them (a later plain forward then fails
-    with "tensor escaped from inside a function being vmapped")."""
-    kept = [(sub, name, param) for _, sub in module.named_modules(remove_duplicate=False)
-            for name, param in sub.named_parameters(recurse=False)]
-    try:
-        yield
-    finally:
-        for sub, name, param in kept:
-            setattr(sub, name, param)
 
 
 def model_llc(model, task, **options) -> dict:

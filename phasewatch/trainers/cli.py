@@ -41,7 +41,11 @@ def _lightning_cli(argv: list[str]) -> None:
 
     store = run_lightning_cli(argv)
     if store is not None:
-        _draw_trajectory(store)
+        from phasewatch.rundir import run_folders
+
+        # a population's folder holds its members' runs (trainers/population.py)
+        for run in [store] if store.metrics.exists() else run_folders(store.root):
+            _draw_trajectory(run)
 
 
 def _draw_trajectory(store) -> None:

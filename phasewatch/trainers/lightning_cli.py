@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import ActionYesNo, ArgumentError, Namespace
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -68,6 +69,12 @@ class PhasewatchCLI(LightningCLI):
         parser.add_argument("--wandb", action=ActionYesNo, default=True,
                             help="Log to W&B (offline when not logged in); --no_wandb turns it off.")
         parser.add_argument("--wandb_project", type=str, default="phasewatch", help="W&B project name.")
+        parser.add_argument("--population.seeds", type=int | str | list[int] | None, default=None,
+                            help="Train one member per seed in one process (a count: 16, a range: 0-15, a list: "
+                                 "1,4,9), each in its own run folder <run_dir>/m00, ... (trainers/population.py).")
+        parser.add_argument("--population.vary_data", type=bool | None, default=None,
+                            help="Give member k the data seed k as well (default: when the task samples its "
+                                 "training batches, not for full-batch tasks).")
         parser.add_lightning_class_args(ScheduledCheckpoints, "checkpoints")
         parser.add_lightning_class_args(ProbeRunner, "probes")
         parser.add_lightning_class_args(TransitionWatcher, "transitions")
@@ -122,13 +129,6 @@ class PhasewatchCLI(LightningCLI):
             ckpt_cb.schedule = probe_cb.schedule
         cfg.checkpoints.schedule = Namespace(**dataclasses.asdict(ckpt_cb.schedule))
         name = Path(run_dir).name
-        loggers = [RunFolderLogger(store, name)]
-        if cfg.get("wandb") and self.subcommand == "fit":
-            step = read_checkpoint(cfg.ckpt_path).get("global_step") if resuming else None
-            wandb_logger = make_wandb_logger(store, name, cfg.get("wandb_project"), self.config_dump_dict(), step)
-            if wandb_logger is not None:
-                loggers.append(wandb_logger)
-        kwargs.setdefault("logger", loggers)
         trainer_cfg = cfg.trainer
         if trainer_cfg.get("enable_progress_bar") is not False and not trainer_cfg.get("callbacks"):
             # a quiet bar: about 100 refreshes per run, at most every 50 steps
@@ -136,7 +136,74 @@ class PhasewatchCLI(LightningCLI):
             kwargs.setdefault("callbacks", [TrainingProgressBar(refresh_rate=refresh)])
         kwargs.setdefault("default_root_dir", str(store.root))
         self.store = store
+        if (cfg.get("population") or {}).get("seeds") is not None:
+            return self._population_trainer(cfg, store, resuming, kwargs)
+        loggers = [RunFolderLogger(store, name)]
+        if cfg.get("wandb") and self.subcommand == "fit":
+            step = read_checkpoint(cfg.ckpt_path).get("global_step") if resuming else None
+            wandb_logger = make_wandb_logger(store, name, cfg.get("wandb_project"), self.config_dump_dict(), step)
+            if wandb_logger is not None:
+                loggers.append(wandb_logger)
+        kwargs.setdefault("logger", loggers)
         return super().instantiate_trainer(**kwargs)
+
+    def _population_trainer(self, cfg: Namespace, store: RunFolder, resuming: bool, kwargs: dict[str, Any]):
+        """The trainer of `--population.seeds`: every member built by this parser from its own
+        config (trainers/population.py), trained as one PopulationModule."""
+        from lightning.pytorch import seed_everything
+
+        from phasewatch.trainers.population import (MemberCallbacks, PopulationData, PopulationModule, member_config,
+                                                    member_name, parse_seeds, population_last)
+
+        seeds = parse_seeds(cfg.population.seeds)
+        refuse = [("interventions", bool(self._get(self.config_init, "interventions").items),
+                   "a population takes no interventions", "Train the seeds one by one with --interventions."),
+                  ("model.on_nonfinite", self.model.hparams.on_nonfinite == "skip",
+                   "a population stops on a non-finite loss; skip is not supported",
+                   "Leave it at stop, or train the seed alone with skip."),
+                  ("trainer.gradient_clip_val", cfg.trainer.get("gradient_clip_val") is not None,
+                   "clipping by global norm is not elementwise, so one optimizer cannot do it for every member",
+                   "Leave it unset, or train the seeds one by one."),
+                  ("model.arch.seed", self.model.arch.seed is not None,
+                   "it would give every member the same initial weights",
+                   "Leave it unset: member k's seed_everything is k.")]
+        for field, bad, problem, fix in refuse:
+            if bad:
+                raise ConfigError(field, problem, fix)
+        vary = cfg.population.vary_data
+        if vary is None:
+            vary = not self.datamodule.task.full_batch
+        config, parser = self.config_dump_dict(), self._parser(self.subcommand)
+        project = cfg.get("wandb_project")
+        step = read_checkpoint(cfg.ckpt_path).get("global_step") if resuming else None
+        members, data, callbacks, loggers, roots = [], [], [], [], []
+        for k, seed in enumerate(seeds):
+            folder = RunFolder(store.root / member_name(k))
+            folder.create()
+            own = member_config(config, seed, vary, folder.root)
+            if not folder.config.exists():
+                folder.write_atomic(folder.config, yaml.safe_dump(own, sort_keys=False))
+            seed_everything(seed, workers=True, verbose=False)  # as LightningCLI seeds a run alone
+            init = parser.instantiate_classes(parser.parse_object(own))
+            members.append(self._get(init, "model"))
+            data.append(self._get(init, "data"))
+            callbacks.append([self._get(init, key) for key in ("probes", "transitions", "checkpoints", "report")])
+            label = f"{store.root.name}-{member_name(k)}"
+            loggers.append([RunFolderLogger(folder, label)])
+            if cfg.get("wandb"):
+                wandb_logger = make_wandb_logger(folder, label, project, own, step, group=store.root.name)
+                if wandb_logger is not None:
+                    loggers[-1].append(wandb_logger)
+            roots.append(str(folder.root))
+        self.model = PopulationModule(members, shared_data=not vary)
+        self.datamodule = PopulationData(data, shared=not vary)
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        trainer_config["callbacks"] = [*(trainer_config.get("callbacks") or []),
+                                       MemberCallbacks(callbacks, loggers, roots, population_last(store.root))]
+        trainer_config.update(logger=False, enable_checkpointing=False)
+        print(f"phasewatch: population of {len(seeds)} (seeds {cfg.population.seeds}), members in "
+              f"{store.root}/{member_name(0)} ... {member_name(len(seeds) - 1)}")
+        return self.trainer_class(**trainer_config)
 
     def config_dump_dict(self) -> dict[str, Any]:
         import yaml

@@ -182,22 +182,24 @@ class SafeWandbLogger(WandbLogger):
 
 
 def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[str, Any],
-                      resume_step: int | None = None) -> SafeWandbLogger | None:
+                      resume_step: int | None = None, group: str | None = None) -> SafeWandbLogger | None:
     """A logger writing under `<run_dir>/wandb`, resuming the W&B run id kept in the run
     folder (a new run takes `WANDB_RUN_ID` when `wandb agent` set it, so that the run
     joins the agent's sweep); None when W&B is disabled. Resuming from a checkpoint at
     `resume_step`, an online run rewinds W&B's history to that step (`resume_from`, W&B's
     rewind), so the steps after it are not logged twice. The run's group
     (`WANDB_RUN_GROUP`, e.g. set by `phasewatch sweep`) is kept in the folder too, for
-    the runs of `phasewatch analyze`."""
+    the runs of `phasewatch analyze`. A population's member gives its `group` (the
+    population's name) and runs beside the other members' W&B runs in this process."""
     mode = wandb_mode()
     if mode == "disabled":
         return None
+    member = group is not None  # a population's member: one W&B run of several in this process
     run_id = store.wandb_id()
-    if run_id is None:  # `wandb agent` chooses the id of each sweep run (WANDB_RUN_ID)
-        run_id = os.environ.get("WANDB_RUN_ID") or new_run_id()
+    if run_id is None:  # `wandb agent` chooses the id of each sweep run (WANDB_RUN_ID), not of a member's
+        run_id = (None if member else os.environ.get("WANDB_RUN_ID")) or new_run_id()
         store.set_wandb_id(run_id)
-    group = os.environ.get("WANDB_RUN_GROUP") or None  # passed on: W&B reads its environment once per process
+    group = group or os.environ.get("WANDB_RUN_GROUP") or None  # passed on: W&B reads its environment once per process
     if group:
         store.set_wandb_group(group)
     if mode == "offline":
@@ -205,7 +207,7 @@ def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[st
     rewind = mode == "online" and resume_step is not None
     logger = SafeWandbLogger(
         name=name, project=project, save_dir=str(store.root), id=run_id, mode=mode, config=config, group=group,
-        log_model=False, **({"resume_from": f"{run_id}?_step={resume_step}", "resume": None} if rewind else {"resume": "allow"}),
+        log_model=False, **({"reinit": "create_new"} if member else {}), **({"resume_from": f"{run_id}?_step={resume_step}", "resume": None} if rewind else {"resume": "allow"}),
     )
     logger.folder = store if mode == "offline" else None  # a resumed offline run replays the folder's history
     logger.events_of = store

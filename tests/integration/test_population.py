@@ -1,0 +1,109 @@
+"""`phasewatch fit --population.seeds`: every member is the run `phasewatch fit` makes alone
+with its config, on every task family; a crashed population resumes every member exactly."""
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from phasewatch.rundir import read_jsonl
+from phasewatch.trainers.cli import main
+
+from .test_fit import TASKS, TINY
+
+
+def _values(run) -> dict:
+    """{(step, key): value} of a run folder's metrics."""
+    out = {}
+    for record in read_jsonl(run / "metrics.jsonl"):
+        step = record.pop("step")
+        out |= {(step, key): value for key, value in record.items()}
+    return out
+
+
+def _same_run(a, b, rtol=1e-5):
+    """Two run folders hold the same metrics (to float tolerance), events and final weights."""
+    va, vb = _values(a), _values(b)
+    assert set(va) == set(vb)
+    for key, value in vb.items():
+        if value is None or va[key] is None:
+            assert value == va[key], key
+        else:
+            assert math.isclose(va[key], value, rel_tol=rtol, abs_tol=1e-6), (key, va[key], value)
+
+    def events(run):
+        return [{k: v for k, v in e.items() if k != "magnitude"} for e in read_jsonl(run / "events.jsonl")]
+
+    assert events(a) == events(b)
+    wa = torch.load(a / "checkpoints" / "last.ckpt", weights_only=True)
+    wb = torch.load(b / "checkpoints" / "last.ckpt", weights_only=True)
+    assert wa["global_step"] == wb["global_step"]
+    for key, tensor in wb["state_dict"].items():
+        torch.testing.assert_close(wa["state_dict"][key], tensor, rtol=1e-4, atol=1e-5)
+    return va
+
+
+ARGS = ["--trainer.val_check_interval", "4", "--trainer.log_every_n_steps", "2", "--no_wandb", *TINY]
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_a_member_is_the_run_alone_with_its_seed(tmp_path, task):
+    pop = tmp_path / "pop"
+    assert main(["fit", *TASKS[task], *ARGS, "--trainer.max_steps", "12", "--run_dir", str(pop),
+                 "--population.seeds", "1,2"]) == 0
+    m1 = pop / "m01"
+    config = yaml.safe_load((m1 / "config.yaml").read_text())
+    full_batch = task == "modular_addition"
+    assert config["seed_everything"] == 2 and "population" not in config
+    assert config["data"]["task"]["init_args"]["seed"] == (0 if full_batch else 2)  # sampled data: its own seed
+    assert main(["fit", "--config", str(m1 / "config.yaml"), "--run_dir", str(tmp_path / "alone")]) == 0
+    values = _same_run(m1, tmp_path / "alone")
+    assert {key for _, key in values} >= {"train/loss", "val/loss", "val/acc"}
+    # the members differ: other initial weights (and, with sampled data, other batches)
+    assert _values(pop / "m00")[(1, "train/loss")] != values[(1, "train/loss")]
+    assert (m1 / "report.html").exists() and (m1 / "checkpoints" / "step=0000000.ckpt").exists()
+
+
+def test_a_crashed_population_resumes_every_member_exactly(tmp_path, monkeypatch):
+    """The population crashes at step 9, after last.ckpt at step 5 (checkpoints at 0 and 14
+    otherwise): resumed from its own last.ckpt, every member's folder is rolled back to step
+    5 and then equals the uninterrupted population's, line for line."""
+    from phasewatch.trainers import population
+
+    args = [*TASKS["induction"], *ARGS, "--trainer.max_steps", "14", "--checkpoints.last_every", "5",
+            "--checkpoints.schedule", '{"kind": "list", "steps": [0, 14]}',
+            "--population.seeds", "0-1"]
+    assert main(["fit", *args, "--run_dir", str(tmp_path / "whole")]) == 0
+
+    step = population.PopulationModule.training_step
+
+    def crash(self, batch, batch_idx):
+        if self.global_step == 9:
+            raise RuntimeError("simulated crash")
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(population.PopulationModule, "training_step", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["fit", *args, "--run_dir", str(tmp_path / "crashed")])
+    monkeypatch.setattr(population.PopulationModule, "training_step", step)
+    crashed = tmp_path / "crashed"
+    last = torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert last < 9 and max(r["step"] for r in read_jsonl(crashed / "m01" / "metrics.jsonl")) > last
+    assert main(["fit", "--run_dir", str(crashed), "--ckpt_path", "last"]) == 0
+    for member in ("m00", "m01"):
+        _same_run(crashed / member, tmp_path / "whole" / member)
+        assert (crashed / member / "metrics.jsonl").read_text() == (tmp_path / "whole" / member / "metrics.jsonl").read_text()
+
+
+def test_what_a_population_cannot_do_is_refused_before_anything_is_written(tmp_path, capsys):
+    for flags, field in [(["--model.on_nonfinite", "skip"], "model.on_nonfinite"),
+                         (["--trainer.gradient_clip_val", "1.0"], "trainer.gradient_clip_val"),
+                         (["--model.arch.seed", "3"], "model.arch.seed"),
+                         (["--population.seeds", "2-1"], "population.seeds")]:
+        run = tmp_path / field
+        seeds = [] if "--population.seeds" in flags else ["--population.seeds", "2"]
+        assert main(["fit", *TASKS["induction"], *ARGS, "--trainer.max_steps", "4", "--run_dir", str(run),
+                     *seeds, *flags]) == 2
+        assert field in capsys.readouterr().err
+        assert not (run / "m00").exists()

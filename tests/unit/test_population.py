@@ -1,0 +1,112 @@
+"""Population training's pieces with known answers: one AdamW over stacked parameters is N
+independent AdamWs, the vectorised step gives each member its own loss and gradient, and
+the seeds and member configs are what the docs say."""
+
+import copy
+
+import pytest
+import torch
+
+from phasewatch.models import ModelConfig, native_module
+from phasewatch.tasks.base import ConfigError, masked_loss
+from phasewatch.tasks.induction import Induction
+from phasewatch.trainers.module import TrainModule
+from phasewatch.trainers.population import PopulationModule, member_config, parse_seeds
+
+
+@pytest.mark.parametrize("spec, seeds", [(3, [0, 1, 2]), ("4", [0, 1, 2, 3]), ("0-3", [0, 1, 2, 3]),
+                                         ("1,4,9", [1, 4, 9]), ("0-2, 8", [0, 1, 2, 8]), ([5, 2], [5, 2])])
+def test_seeds_are_read_as_counts_ranges_and_lists(spec, seeds):
+    assert parse_seeds(spec) == seeds
+
+
+@pytest.mark.parametrize("spec, problem", [(0, "at least one"), ("3-1", "backwards"), ("1,1", "twice"),
+                                           ("a-b", "not a seed"), ("", "not seeds"), (True, "not seeds")])
+def test_bad_seeds_are_refused_with_the_problem_named(spec, problem):
+    with pytest.raises(ConfigError, match=problem):
+        parse_seeds(spec)
+
+
+def test_a_members_config_changes_only_its_seeds_and_folder(tmp_path):
+    config = {"seed_everything": 0, "data": {"task": {"class_path": "X", "init_args": {"seed": 0, "p": 7}}},
+              "run_dir": "runs/pop", "checkpoints": {"dirpath": "runs/pop/checkpoints", "last_every": 5},
+              "population": {"seeds": "0-3", "vary_data": None}, "ckpt_path": None, "model": {"lr": 0.1}}
+    own = member_config(config, 3, True, tmp_path / "m02")
+    assert own == {"seed_everything": 3, "data": {"task": {"class_path": "X", "init_args": {"seed": 3, "p": 7}}},
+                   "run_dir": str(tmp_path / "m02"),
+                   "checkpoints": {"dirpath": str(tmp_path / "m02" / "checkpoints"), "last_every": 5},
+                   "model": {"lr": 0.1}}
+    assert member_config(config, 3, False, tmp_path)["data"]["task"]["init_args"]["seed"] == 0
+    assert config["seed_everything"] == 0 and "population" in config  # the population's config is left as it was
+
+
+def test_one_adamw_over_stacked_parameters_is_independent_adamws():
+    """AdamW is elementwise (Loshchilov & Hutter 2019, Algorithm 2): its update of one entry
+    reads only that entry's gradient and moments. Stacking members along a new dimension
+    therefore gives exactly the members' own updates, step for step."""
+    gen = torch.Generator().manual_seed(0)
+    members = [torch.randn(5, 3, generator=gen) for _ in range(4)]
+    grads = [[torch.randn(5, 3, generator=gen) * (k + 1) for k in range(4)] for _ in range(6)]
+    alone = [torch.nn.Parameter(m.clone()) for m in members]
+    opts = [torch.optim.AdamW([p], lr=1e-2, weight_decay=0.5, betas=(0.9, 0.98)) for p in alone]
+    stacked = torch.nn.Parameter(torch.stack(members))
+    opt = torch.optim.AdamW([stacked], lr=1e-2, weight_decay=0.5, betas=(0.9, 0.98))
+    for step in grads:
+        for p, o, g in zip(alone, opts, step):
+            p.grad = g.clone()
+            o.step()
+        stacked.grad = torch.stack(step)
+        opt.step()
+    for k, p in enumerate(alone):
+        torch.testing.assert_close(stacked.data[k], p.data, rtol=0, atol=1e-7)
+        torch.testing.assert_close(opt.state[stacked]["exp_avg_sq"][k], opts[k].state[p]["exp_avg_sq"], rtol=0, atol=0)
+    assert not torch.equal(stacked.data[0], stacked.data[1])
+
+
+def _members(task, n):
+    out = []
+    for seed in range(n):
+        torch.manual_seed(seed)
+        out.append(TrainModule(task, ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=True),
+                               lr=1e-2, weight_decay=0.1, warmup_steps=0))
+    return out
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_vectorised_step_gives_each_member_its_own_loss_and_gradient(shared):
+    """The population's loss is the sum of the members' own mean losses, so member k's slice
+    of the stack's gradient is member k's gradient alone, with every member on its own data
+    (shared False) or on the same batch."""
+    tasks = [Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8, seed=s) for s in range(3)]
+    members = _members(tasks[0], 3)
+    alone = [copy.deepcopy(native_module(m.model)) for m in members]
+    population = PopulationModule(members, shared_data=shared)
+    batches = [t.train_batch(0, None) for t in (tasks[:1] * 3 if shared else tasks)]
+    from phasewatch.trainers.population import stack_batches
+
+    out = population._member_outputs(batches[0] if shared else stack_batches(batches))
+    out["loss"].sum().backward()
+    for k, (module, batch) in enumerate(zip(alone, batches)):
+        loss = masked_loss(module(batch.tokens), batch, torch.float32)
+        loss.backward()
+        torch.testing.assert_close(out["loss"][k], loss.detach(), rtol=1e-6, atol=1e-6)
+        for name, param in module.named_parameters():
+            if param.requires_grad:
+                torch.testing.assert_close(population.stacked[name.replace(".", "__")].grad[k], param.grad,
+                                           rtol=1e-5, atol=1e-6)
+    # the members' own models are views into the stack: what the optimizer writes, their probes see
+    key = next(iter(population.stacked))
+    with torch.no_grad():
+        population.stacked[key].add_(1.0)
+    name = key.replace("__", ".")
+    for k, m in enumerate(members):
+        assert torch.equal(dict(native_module(m.model).named_parameters())[name], population.stacked[key][k])
+
+
+def test_members_of_other_architectures_are_refused():
+    task = Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8)
+    torch.manual_seed(0)
+    a = TrainModule(task, ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, attn_only=True))
+    b = TrainModule(task, ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=True))
+    with pytest.raises(ConfigError, match="architecture"):
+        PopulationModule([a, b], shared_data=True)
