@@ -44,7 +44,8 @@ def _same_run(a, b, rtol=1e-5):
     return va
 
 
-ARGS = ["--trainer.val_check_interval", "4", "--trainer.log_every_n_steps", "2", "--no_wandb", *TINY]
+SCHEDULE = ["--trainer.val_check_interval", "4", "--trainer.log_every_n_steps", "2"]
+ARGS = [*SCHEDULE, "--no_wandb", *TINY]
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
@@ -107,3 +108,27 @@ def test_what_a_population_cannot_do_is_refused_before_anything_is_written(tmp_p
                      *seeds, *flags]) == 2
         assert field in capsys.readouterr().err
         assert not (run / "m00").exists()
+
+
+def test_every_member_has_its_own_wandb_run_in_the_populations_group(tmp_path, monkeypatch):
+    """Offline W&B: one run per member, named after it, grouped under the population, with
+    the member's own seed in its config and the member's own values in its history."""
+    from . import wandb_records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    pop = tmp_path / "pop"
+    assert main(["fit", *TASKS["modular_addition"], *SCHEDULE, *TINY, "--trainer.max_steps", "8",
+                 "--run_dir", str(pop), "--population.seeds", "3,5", "--probes.names", "[grokking]"]) == 0
+    ids = set()
+    for member, seed in (("m00", 3), ("m01", 5)):
+        (offline,) = wandb_records.offline_runs(pop / member)
+        info = wandb_records.run_info(offline)
+        assert info["group"] == "pop" and info["name"] == f"pop-{member}" and info["config"]["seed_everything"] == seed
+        ids.add(info["id"])
+        history = wandb_records.by_step(wandb_records.history(offline))
+        for record in read_jsonl(pop / member / "metrics.jsonl"):
+            step = record.pop("step")
+            for key, value in record.items():
+                assert history[step][key] == pytest.approx(value, rel=1e-6), (member, step, key)
+    assert len(ids) == 2
