@@ -1,16 +1,24 @@
 """Populations: many copies of a model in one vectorised pass (issue 21).
 
-Measured so far: the LLC probe's SGLD chains run side by side (`torch.func.vmap`, the
-default) against one after the other, at the same number of chains and draws, on each
-config's model and training data, in the same process. Both follow the same paths
-(tests/unit/test_llc.py); the table gives the time of one LLC estimate each way, their
-ratio, and the two estimates.
+Two measurements, each against its baseline in the same run:
 
-    python bench/population.py [--config configs/quickstart.yaml ...] [--chains 2 4 8]
-                               [--draws 100] [--device cpu|cuda] [--markdown]
+- `--part train`: population training. `phasewatch fit --population.seeds 0-<N-1>` (one
+  process, one vectorised step for all members) against N runs of `phasewatch fit` one
+  after the other, in this process (so neither pays Python's start-up; sequential
+  processes would each pay it too). Every run trains `--steps` steps of the config with
+  its validation schedule, no probes, no W&B, checkpoints at step 0 and the end. The
+  sequential time is N x the median of `--solo` runs alone (the members differ only in
+  seed, so each costs the same). Reported: member-steps per second each way and their
+  ratio, and on CUDA the peak memory per member.
+- `--part llc`: the LLC probe's SGLD chains side by side (`torch.func.vmap`, the default
+  with 4+ chains) against one after the other, at the same number of chains and draws, on
+  each config's model and training data. Both follow the same paths
+  (tests/unit/test_llc.py); the table gives the time of one estimate each way, their ratio,
+  and the two estimates.
 
-Population training (many seeds in one process) is not built yet; its rows will join
-this script.
+    python bench/population.py --part train [--config ...] [--members 1 4 16] [--steps 100] [--markdown]
+    python bench/population.py --part llc [--config ...] [--chains 2 4 8] [--draws 100] [--markdown]
+    python bench/population.py --device cuda --members 1 16 64 ...   # the GPU variant
 """
 
 from __future__ import annotations
@@ -42,10 +50,61 @@ def time_llc(model, task, side_by_side: bool, repeats: int, **settings) -> tuple
     return sorted(times)[len(times) // 2], out
 
 
+def time_fit(config: str, steps: int, device: str, seeds: str | None) -> float:
+    """Seconds of one `phasewatch fit` of `config` (a population when `seeds` is given)."""
+    import tempfile
+
+    from phasewatch.trainers.cli import main as phasewatch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["fit", "--config", config, "--run_dir", f"{tmp}/run", "--trainer.max_steps", str(steps),
+                "--trainer.accelerator", device, "--no_wandb", "--probes.names", "[]",
+                "--report.every_n_validations", "0", "--trainer.enable_progress_bar", "false",
+                "--checkpoints.schedule", '{"kind": "list", "steps": [0]}', "--checkpoints.last_every", str(steps)]
+        if seeds is not None:
+            args += ["--population.seeds", seeds]
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        if phasewatch(args) != 0:
+            raise SystemExit(f"phasewatch fit failed: {' '.join(args)}")
+        return time.perf_counter() - t0
+
+
+def bench_training(a) -> list[dict]:
+    rows = []
+    time_fit(a.config[0], 2, a.device, None)  # warm-up: the first fit in a process imports and compiles
+    time_fit(a.config[0], 2, a.device, "0-1")
+    for config in a.config:
+        solo = sorted(time_fit(config, a.steps, a.device, None) for _ in range(a.solo))[a.solo // 2]
+        for n in a.members:
+            together = time_fit(config, a.steps, a.device, f"0-{n - 1}")
+            memory = torch.cuda.max_memory_allocated() / n / 2**20 if a.device == "cuda" else None
+            row = dict(config=config, members=n, solo=solo, together=together, ratio=n * solo / together,
+                       rate_apart=a.steps / solo, rate_together=n * a.steps / together, memory=memory)
+            rows.append(row)
+            print(f"{config}: {n} members x {a.steps} steps: one after the other {n * solo:.1f} s "
+                  f"({row['rate_apart']:.1f} member-steps/s), together {together:.1f} s "
+                  f"({row['rate_together']:.1f} member-steps/s): {row['ratio']:.2f}x", file=sys.stderr)
+    if a.markdown:
+        print("| config | members | one after the other | together | speed-up | memory per member |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            memory = f"{r['memory']:.0f} MiB" if r["memory"] is not None else "-"
+            print(f"| {r['config']} | {r['members']} | {r['members'] * r['solo']:.1f} s "
+                  f"({r['rate_apart']:.1f}/s) | {r['together']:.1f} s ({r['rate_together']:.1f}/s) | "
+                  f"{r['ratio']:.2f}x | {memory} |")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=["train", "llc"], default="train")
     ap.add_argument("--config", nargs="+", default=["configs/quickstart.yaml", "configs/induction_2l.yaml",
                                                      "configs/reverse.yaml"])
+    ap.add_argument("--members", nargs="+", type=int, default=[1, 4, 16])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--solo", type=int, default=2, help="runs alone timed (the median is used)")
     ap.add_argument("--chains", nargs="+", type=int, default=[2, 4, 8])
     ap.add_argument("--draws", type=int, default=100)
     ap.add_argument("--burn_in", type=int, default=50)
@@ -53,6 +112,9 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
+    if a.part == "train":
+        bench_training(a)
+        return 0
     rows = []
     for config in a.config:
         _, module = build_from_config(config)

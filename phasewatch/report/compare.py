@@ -2,6 +2,7 @@
 
     phasewatch compare runs/sweep-grokking            # a sweep folder
     phasewatch compare runs/a runs/b runs/c [--keys val/acc icl/loss_gap] [--out DIR/compare]
+    phasewatch compare runs/population                # a population's members (m00, m01, ...)
 
 Use it after a sweep to read off, e.g., the grokking step per weight decay and training
 fraction. Hyperparameters are a sweep's parameters (from its state file), or else
@@ -11,7 +12,11 @@ offline on each run's full metrics (probes/transitions.py, the detector
 `--keys`; a cell holds the midpoint step of the largest transition of that series in that
 direction, empty when there is none. Writes `<out>.csv` and
 `<out>.png` (one panel per transition: step against the first swept parameter, one
-colour per value of the second). Fails with a clear error when a folder holds no run.
+colour per value of the second; seeds are never an axis). Runs that differ only in seeds (a
+population's members, `phasewatch fit --population.seeds`; a sweep's seeds) are samples of one
+distribution: compare adds, per group, rows of the median, quartiles and extremes of each
+transition step (`distributions`), and when only seeds vary the plot is a box and strip per
+transition. Fails with a clear error when a folder holds no run.
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ from phasewatch.probes.keys import headline_keys
 from phasewatch.rundir import RunFolder, SweepFolder, csv_cell as _cell, run_folders, write_csv
 
 IGNORED_CONFIG = ("run_dir", "checkpoints.dirpath", "ckpt_path")
+#: the rows compare adds per group of runs that differ only in seeds (a population, or a sweep's seeds)
+STATISTICS = ("median", "q25", "q75", "min", "max")
+
+
+def is_seed(key: str) -> bool:
+    """Whether a config key only seeds randomness (initialisation, data): runs that differ in
+    nothing else are samples of one distribution."""
+    return key == "seed_everything" or key.endswith(".seed")
 
 
 def find_runs(paths: list[str | os.PathLike]) -> list[tuple[Path, dict[str, Any]]]:
@@ -34,8 +47,8 @@ def find_runs(paths: list[str | os.PathLike]) -> list[tuple[Path, dict[str, Any]
         sweep = SweepFolder(path)
         if sweep.is_sweep():
             for record in sweep.read_state()["runs"]:
-                if sweep.run(record["name"]).metrics.exists():
-                    runs.append((sweep.run(record["name"]).root, record))
+                if sweep.run(record).metrics.exists():
+                    runs.append((sweep.run(record).root, record))
         elif RunFolder(path).metrics.exists():
             runs.append((path, {}))
         elif run_folders(path):
@@ -106,7 +119,35 @@ def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tu
     order = {k: i for i, k in enumerate(chosen)}
     transition_columns.sort(key=lambda c: (order[c.rsplit(" ", 1)[0]], c))
     columns = ["run", "state", *param_columns, *[f"final {k}" for k in chosen], *transition_columns]
-    return columns, rows
+    return columns, rows + distributions(rows, param_columns, transition_columns)
+
+
+def distributions(rows: list[dict[str, Any]], params: list[str], transitions: list[str]) -> list[dict[str, Any]]:
+    """Per group of runs that differ only in seeds (`is_seed`), with at least 2 runs: one row
+    per statistic of STATISTICS (run = its name, state = "<n> seeds") holding, per transition
+    column, that statistic of the midpoint steps over the runs that have the transition
+    (quartiles by linear interpolation, numpy's default)."""
+    import numpy as np
+
+    fixed = [p for p in params if not is_seed(p)]
+    if len(fixed) == len(params):
+        return []  # no seed varies
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(json.dumps([row.get(p) for p in fixed], default=str), []).append(row)
+    out = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        values = {c: np.array([r[c] for r in members if r.get(c) is not None], dtype=float) for c in transitions}
+        for stat in STATISTICS:
+            row = {"run": stat, "state": f"{len(members)} seeds", **{p: members[0].get(p) for p in fixed}}
+            for column, v in values.items():
+                if len(v):
+                    q = {"median": 50, "q25": 25, "q75": 75, "min": 0, "max": 100}[stat]
+                    row[column] = float(np.percentile(v, q))
+            out.append(row)
+    return out
 
 
 def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.PathLike, max_panels: int = 6,
@@ -121,9 +162,13 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
 
     from phasewatch.report.curves import save_figure
 
+    rows = [r for r in rows if r.get("run") not in STATISTICS]  # the runs themselves, not the summary rows
     transitions = [c for c in columns if c.endswith((" up", " down"))][:max_panels]
     params = [c for c in columns[2:] if not c.startswith("final ") and c not in transitions
               and not c.endswith((" up", " down")) and len({_cell(r.get(c)) for r in rows}) > 1]
+    if x is None and params and all(is_seed(p) for p in params):
+        return plot_distributions(transitions, rows, path)
+    params = [p for p in params if not is_seed(p)] or params  # seeds spread the points, they are not an axis
     x_key = x or (params[0] if params else "run")
     rest = [p for p in params if p != x_key]
     colour_key = hue or (rest[0] if rest else None)
@@ -161,6 +206,41 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
         axes.flat[0].set_visible(True)
         axes.flat[0].text(0.5, 0.5, "no transitions detected", ha="center", va="center")
     fig.suptitle(f"phase transitions across {len(rows)} runs", fontsize=10)
+    return save_figure(fig, path, dpi=120)
+
+
+def plot_distributions(transitions: list[str], rows: list[dict[str, Any]], path: str | os.PathLike) -> Path:
+    """Runs that differ only in seeds: per transition, a box (quartiles, whiskers to the
+    extremes) with every run's midpoint as a point beside it, and the median and
+    interquartile range in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from phasewatch.report.curves import save_figure
+
+    n = max(1, len(transitions))
+    fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 0.6, 3.8), squeeze=False)
+    jitter = np.random.default_rng(0)
+    for ax, column in zip(axes.flat, transitions):
+        steps = np.array([r[column] for r in rows if r.get(column) is not None], dtype=float)
+        if len(steps):
+            ax.boxplot([steps], positions=[0], widths=0.5, whis=(0, 100), showfliers=False)
+            ax.scatter(0.45 + jitter.uniform(-0.08, 0.08, len(steps)), steps, s=16, alpha=0.7, color="C0")
+            q25, median, q75 = np.percentile(steps, [25, 50, 75])
+            ax.set_title(f"{column}\nmedian {median:.0f}, IQR {q25:.0f}-{q75:.0f}", fontsize=8)
+        else:
+            ax.set_title(f"{column}\nnot detected", fontsize=8)
+        missing = len(rows) - len(steps)
+        ax.set_xticks([0.2], [f"{len(steps)} runs" + (f" ({missing} without)" if missing else "")], fontsize=7)
+        ax.set_xlim(-0.5, 0.8)
+        ax.grid(alpha=0.3, axis="y")
+    axes.flat[0].set_ylabel("transition midpoint (step)")
+    if not transitions:
+        axes.flat[0].text(0.5, 0.5, "no transitions detected", ha="center", va="center")
+    fig.suptitle(f"phase transitions over {len(rows)} seeds", fontsize=10)
     return save_figure(fig, path, dpi=120)
 
 

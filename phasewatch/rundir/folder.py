@@ -47,6 +47,11 @@ def checkpoint_name(step: int) -> str:
     return f"step={step:07d}.ckpt"
 
 
+def member_name(index: int) -> str:
+    """The run folder of a population's member `index` inside the population's folder: m00, m01, ..."""
+    return f"m{index:02d}"
+
+
 def step_checkpoints(directory: str | os.PathLike) -> dict[int, Path]:
     """step -> file of the step checkpoints in `directory`, in step order."""
     found = {}
@@ -389,8 +394,12 @@ class SweepFolder:
     def log(self, run_name: str) -> Path:
         return self.logs / f"{run_name}.log"
 
-    def run(self, run_name: str) -> RunFolder:
-        return RunFolder(self.root / run_name)
+    def run(self, run: str | dict[str, Any]) -> RunFolder:
+        """A run's folder, by name or by its record in the state file (a run packed into a
+        population lives in the population's member folder, `<pack>/m03`: its `folder`)."""
+        if isinstance(run, dict):
+            return RunFolder(self.root / (run.get("folder") or run["name"]))
+        return RunFolder(self.root / run)
 
     def is_sweep(self) -> bool:
         return self.state.exists()

@@ -46,6 +46,10 @@ def _lightning_cli(argv: list[str]) -> None:
         # a population's folder holds its members' runs (trainers/population.py)
         for run in [store] if store.metrics.exists() else run_folders(store.root):
             _draw_trajectory(run)
+        if not store.metrics.exists() and run_folders(store.root):
+            from phasewatch.report.population import write_population_report
+
+            print(f"phasewatch: population report {write_population_report(store.root)}")
 
 
 def _draw_trajectory(store) -> None:
@@ -257,14 +261,21 @@ def report_command(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="phasewatch report",
                                      description="Write the run folder's self-contained HTML report and its curves "
-                                                 "figure (and its checkpoint trajectory, when missing or out of date).")
+                                                 "figure (and its checkpoint trajectory, when missing or out of date); "
+                                                 "for a population's folder, the members' curves overlaid and each "
+                                                 "transition's step over the seeds.")
     parser.add_argument("run_dir")
     parser.add_argument("--out", default=None, help="HTML path (default: the report in the run folder)")
     args = parser.parse_args(argv)
     from phasewatch.report.curves import plot_run
     from phasewatch.report.html import write_report
+    from phasewatch.report.population import is_population, write_population_report
     from phasewatch.tasks.base import ConfigError
     from phasewatch.trainers.trajectory import current_trajectory
+
+    if is_population(args.run_dir):  # the members' curves overlaid, their transition steps as distributions
+        print(write_population_report(args.run_dir, args.out))
+        return 0
 
     try:
         current_trajectory(args.run_dir)

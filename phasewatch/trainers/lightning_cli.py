@@ -152,8 +152,9 @@ class PhasewatchCLI(LightningCLI):
         config (trainers/population.py), trained as one PopulationModule."""
         from lightning.pytorch import seed_everything
 
+        from phasewatch.rundir import member_name
         from phasewatch.trainers.population import (MemberCallbacks, PopulationData, PopulationModule, member_config,
-                                                    member_name, parse_seeds, population_last)
+                                                    parse_seeds, population_last)
 
         seeds = parse_seeds(cfg.population.seeds)
         refuse = [("interventions", bool(self._get(self.config_init, "interventions").items),
@@ -191,7 +192,8 @@ class PhasewatchCLI(LightningCLI):
             label = f"{store.root.name}-{member_name(k)}"
             loggers.append([RunFolderLogger(folder, label)])
             if cfg.get("wandb"):
-                wandb_logger = make_wandb_logger(folder, label, project, own, step, group=store.root.name)
+                group = os.environ.get("WANDB_RUN_GROUP") or store.root.name  # a sweep's group, or the population
+                wandb_logger = make_wandb_logger(folder, label, project, own, step, group=group)
                 if wandb_logger is not None:
                     loggers[-1].append(wandb_logger)
             roots.append(str(folder.root))

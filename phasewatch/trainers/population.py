@@ -45,7 +45,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from phasewatch.models import native_module, parameters_kept
-from phasewatch.rundir import LAST_CHECKPOINT
+from phasewatch.rundir import LAST_CHECKPOINT, member_name
 from phasewatch.tasks.base import Batch, ConfigError, masked_mean_loss
 from phasewatch.trainers.module import TaskDataModule, TrainModule
 
@@ -83,11 +83,6 @@ def parse_seeds(spec: object) -> list[int]:
     if twice:
         raise ConfigError("population.seeds", f"seed {twice[0]} is given twice", "Give every seed once.")
     return seeds
-
-
-def member_name(index: int) -> str:
-    """The folder of member `index` inside the population's folder: m00, m01, ..."""
-    return f"m{index:02d}"
 
 
 def member_config(config: dict[str, Any], seed: int, vary_data: bool, run_dir: Path) -> dict[str, Any]:

@@ -15,6 +15,14 @@ parameters and state as it changes; running the same command again resumes the s
 failed runs are kept, runs that were stopped midway continue from their last checkpoint, and
 the search goes on from there. The sweep folder keeps each run's output (`SweepFolder.log`).
 
+Packing (`--pack`, on by default when it applies): in a grid sweep over `seed_everything`, the
+grid points that differ only in that seed train as one population (`phasewatch fit
+--population.seeds`, trainers/population.py) in one process, `DIR/<name>-pack-NNN`, whose
+member `m03` is the run folder of the fourth seed's grid point (its `folder` in the state
+file; `phasewatch compare` finds it there). Each member has exactly the configuration of its
+grid point: the data seed stays the grid point's (`--population.vary_data false`).
+`--no-pack` runs every grid point in its own process.
+
 Fails with "phasewatch: error: ..." (exit 2) on a file W&B would refuse, a command that
 does not run `phasewatch fit`, a random or bayes search without `--count`, or a folder
 that belongs to another sweep or is in use by a live sweep process.
@@ -34,8 +42,11 @@ from typing import Any
 
 import yaml
 
-from phasewatch.rundir import RUNS, SweepFolder, pid_alive
+from phasewatch.rundir import RUNS, RunFolder, SweepFolder, member_name, pid_alive
 from phasewatch.tasks.base import ConfigError
+
+#: the sweep parameter that a population varies (packing)
+SEED = "seed_everything"
 INSTALL_HINT = "pip install --no-deps sweeps==0.3.0 (its numpy<2 pin is too strict; it runs on numpy 2)"
 
 
@@ -87,9 +98,13 @@ class LocalSweep:
     """One sweep folder: its state file, the search, and the runs it starts."""
 
     def __init__(self, file: str | os.PathLike, out: str | os.PathLike | None = None,
-                 count: int | None = None, parallel: int = 1):
+                 count: int | None = None, parallel: int = 1, pack: bool | None = None):
         self.file = Path(file)
         self.config = load_sweep_file(self.file)
+        if pack and not packable(self.config):
+            raise ConfigError("pack", "only a grid sweep over several seed_everything values packs into populations",
+                              "Leave out --pack, or add seed_everything: {values: [0, 1, 2]} to a grid sweep.")
+        self.pack = packable(self.config) if pack is None else pack
         self.name = str(self.config.get("name") or self.file.stem)
         self.root = Path(out) if out is not None else RUNS / f"sweep-{self.name}"
         self.folder = SweepFolder(self.root)
@@ -160,16 +175,47 @@ class LocalSweep:
 
     # runs -------------------------------------------------------------------------------
     def run_dir(self, run: dict[str, Any]) -> Path:
-        return self.folder.run(run["name"]).root
+        return self.folder.run(run).root
 
-    def command(self, run: dict[str, Any]) -> list[str]:
-        cmd = command_for(self.config, run["params"], self.file) + ["--run_dir", str(self.run_dir(run))]
-        if self.folder.run(run["name"]).last_checkpoint.exists():
+    def units(self, runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """The processes to start: one run each, or with packing one per group of runs that
+        differ only in seed_everything (a population; each run is given its `pack` and member
+        `folder` once, so that a resumed sweep finds them again)."""
+        if not self.pack:
+            return [[run] for run in runs]
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for run in runs:
+            key = run.get("pack") or json.dumps({k: v for k, v in run["params"].items() if k != SEED},
+                                                sort_keys=True, default=str)
+            groups.setdefault(key, []).append(run)
+        packs = {r["pack"] for r in self.state["runs"] if r.get("pack")}
+        for unit in groups.values():
+            if "pack" not in unit[0]:
+                name = f"{self.name}-pack-{len(packs):03d}"
+                packs.add(name)
+                for k, run in enumerate(unit):
+                    run.update(pack=name, folder=f"{name}/{member_name(k)}")
+        return list(groups.values())
+
+    def _folder(self, unit: list[dict[str, Any]]) -> RunFolder:
+        """The folder the unit's process trains in: its run's, or its population's."""
+        return self.folder.run(unit[0]["pack"]) if unit[0].get("pack") else self.folder.run(unit[0])
+
+    def command(self, unit: list[dict[str, Any]]) -> list[str]:
+        folder = self._folder(unit)
+        if unit[0].get("pack"):
+            params = {k: v for k, v in unit[0]["params"].items() if k != SEED}
+            seeds = ",".join(str(run["params"][SEED]) for run in unit)
+            cmd = command_for(self.config, params, self.file) + [
+                "--run_dir", str(folder.root), "--population.seeds", seeds, "--population.vary_data", "false"]
+        else:
+            cmd = command_for(self.config, unit[0]["params"], self.file) + ["--run_dir", str(folder.root)]
+        if folder.last_checkpoint.exists():
             cmd += ["--ckpt_path", "last"]
         return cmd
 
-    def _start(self, run: dict[str, Any]) -> subprocess.Popen:
-        folder = self.folder.run(run["name"])
+    def _start(self, unit: list[dict[str, Any]]) -> subprocess.Popen:
+        folder = self._folder(unit)
         if folder.root.exists() and not folder.last_checkpoint.exists():
             shutil.rmtree(folder.root)  # stopped before its first checkpoint: nothing to resume
         self.folder.logs.mkdir(parents=True, exist_ok=True)
@@ -177,22 +223,24 @@ class LocalSweep:
         env.setdefault("WANDB_MODE", "offline")
         env["WANDB_RUN_GROUP"] = self.name
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
-        with open(self.folder.log(run["name"]), "a") as log:
-            proc = subprocess.Popen(self.command(run), stdout=log, stderr=subprocess.STDOUT, env=env,
+        with open(self.folder.log(folder.root.name), "a") as log:
+            proc = subprocess.Popen(self.command(unit), stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
-        run.update(state="running", start_time=time.time())
+        for run in unit:
+            run.update(state="running", start_time=time.time())
         self._save()
         return proc
 
-    def _finish(self, run: dict[str, Any], code: int) -> None:
-        run["returncode"] = code
-        run["end_time"] = time.time()
-        run["seconds"] = round(run["end_time"] - run["start_time"], 1)
-        run["state"] = "finished" if code == 0 else ("stopped" if code < 0 else "failed")
-        metric = (self.config.get("metric") or {}).get("name")
-        series = self.folder.run(run["name"]).series()
-        if metric and metric in series:
-            run["summary"] = {metric: series[metric][1][-1]}
+    def _finish(self, unit: list[dict[str, Any]], code: int) -> None:
+        for run in unit:
+            run["returncode"] = code
+            run["end_time"] = time.time()
+            run["seconds"] = round(run["end_time"] - run["start_time"], 1)
+            run["state"] = "finished" if code == 0 else ("stopped" if code < 0 else "failed")
+            metric = (self.config.get("metric") or {}).get("name")
+            series = self.folder.run(run).series()
+            if metric and metric in series:
+                run["summary"] = {metric: series[metric][1][-1]}
         self._save()
 
     def run(self) -> int:
@@ -204,48 +252,62 @@ class LocalSweep:
         self.state["pid"] = os.getpid()
         self._save()
         todo = [r for r in self.state["runs"] if r["state"] in ("pending", "running", "stopped")]
-        if self.state["runs"]:
+        resuming, new, exhausted = bool(self.state["runs"]), 0, False
+        if self.pack:  # the whole grid first, so that the seeds of one grid point train together
+            while self.count is None or new < self.count:
+                run = self._propose()
+                if run is None:
+                    break
+                todo.append(run)
+                new += 1
+            exhausted = True
+        units = self.units(todo)
+        if resuming:
             done = sum(r["state"] in ("finished", "failed") for r in self.state["runs"])
             print(f"phasewatch: resuming sweep {self.name} in {self.root}: {done} runs done, {len(todo)} to continue")
         else:
             print(f"phasewatch: sweep {self.name} ({self.config['method']}) in {self.root}")
-        running: dict[str, tuple[subprocess.Popen, dict[str, Any]]] = {}
-        new, exhausted = 0, False
+        running: dict[str, tuple[subprocess.Popen, list[dict[str, Any]]]] = {}
         try:
             while True:
                 while len(running) < self.parallel:
-                    if todo:
-                        run = todo.pop(0)
+                    if units:
+                        unit = units.pop(0)
                     elif not exhausted and (self.count is None or new < self.count):
                         run = self._propose()
                         exhausted = run is None
                         if run is None:
                             continue
                         new += 1
+                        unit = [run]
                     else:
                         break
-                    running[run["name"]] = (self._start(run), run)
-                    print(f"  start  {run['name']}  {_describe(run['params'])}", flush=True)
+                    name = self._folder(unit).root.name
+                    running[name] = (self._start(unit), unit)
+                    print(f"  start  {name}  {_describe_unit(unit)}", flush=True)
                 if not running:
                     break
                 time.sleep(0.5)
-                for name, (proc, run) in list(running.items()):
+                for name, (proc, unit) in list(running.items()):
                     code = proc.poll()
                     if code is not None:
                         del running[name]
-                        self._finish(run, code)
-                        extra = "".join(f"  {k} {v:.4g}" for k, v in (run.get("summary") or {}).items())
-                        log = "" if code == 0 else f"  (exit {code}; see {self.folder.log(name)})"
-                        print(f"  {run['state']:8s} {name}  in {run['seconds']:.0f} s{extra}{log}", flush=True)
+                        self._finish(unit, code)
+                        for run in unit:
+                            extra = "".join(f"  {k} {v:.4g}" for k, v in (run.get("summary") or {}).items())
+                            log = "" if code == 0 else f"  (exit {code}; see {self.folder.log(name)})"
+                            print(f"  {run['state']:8s} {run['name']}  in {run['seconds']:.0f} s{extra}{log}",
+                                  flush=True)
         except KeyboardInterrupt:
-            for proc, run in running.values():
+            for proc, unit in running.values():
                 proc.send_signal(signal.SIGINT)
-            for proc, run in running.values():
+            for proc, unit in running.values():
                 try:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-                run.update(state="stopped", returncode=None)
+                for run in unit:
+                    run.update(state="stopped", returncode=None)
             self.state["pid"] = None
             self._save()
             print(f"phasewatch: sweep interrupted; run the same command again to resume it ({self.root})")
@@ -274,11 +336,14 @@ def sweep_command(argv: list[str]) -> int:
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
     parser.add_argument("--out", default=None, help="sweep folder (default: runs/sweep-<name>)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands of the runs it would start")
+    parser.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                        help="train the grid points that differ only in seed_everything as one population "
+                             "(default: on for a grid over several seeds)")
     args = parser.parse_args(argv)
-    sweep = LocalSweep(args.file, args.out, args.count, args.parallel)
+    sweep = LocalSweep(args.file, args.out, args.count, args.parallel, args.pack)
     if args.dry_run:
-        for run in sweep.planned(args.count):
-            print(" ".join(sweep.command(run)))
+        for unit in sweep.units(sweep.planned(args.count)):
+            print(" ".join(sweep.command(unit)))
         return 0
     return sweep.run()
 
@@ -310,6 +375,20 @@ def _first_value(spec: Any) -> Any:
 def _plain(value: Any) -> Any:
     """numpy scalars from the search engine as plain Python numbers."""
     return value.item() if hasattr(value, "item") else value
+
+
+def packable(config: dict[str, Any]) -> bool:
+    """Whether a sweep packs into populations: a grid over several seed_everything values."""
+    spec = config["parameters"].get(SEED)
+    return config.get("method") == "grid" and isinstance(spec, dict) and len(spec.get("values") or []) > 1
+
+
+def _describe_unit(unit: list[dict[str, Any]]) -> str:
+    if not unit[0].get("pack"):
+        return _describe(unit[0]["params"])
+    rest = {k: v for k, v in unit[0]["params"].items() if k != SEED}
+    seeds = ",".join(str(run["params"][SEED]) for run in unit)
+    return f"population of {len(unit)}: {SEED}={seeds} {_describe(rest)}".rstrip()
 
 
 def _describe(params: dict[str, Any]) -> str:

@@ -84,3 +84,22 @@ def test_training_on_the_device_follows_the_cpu_run(tmp_path):
         cpu, device = series(runs["cpu"], key), series(runs["device"], key)
         assert cpu and device.keys() == cpu.keys(), key
         assert list(device.values()) == pytest.approx(list(cpu.values()), rel=1e-2, abs=1e-3), key
+
+
+@pytest.mark.parametrize("task", ["induction", "rasp"])
+def test_a_population_on_the_device_trains_each_member_as_on_the_cpu(tmp_path, task):
+    """Population training on the GPU (fused AdamW over the stack, the non-finite check at
+    logging steps only): every member's metrics match the same population on the CPU."""
+    from phasewatch.trainers.cli import main
+
+    from .test_population import ARGS, _values
+
+    for device in ("cpu", DEVICE):
+        assert main(["fit", *TASKS[task], *ARGS, "--trainer.max_steps", "12", "--trainer.accelerator",
+                     "gpu" if device == "cuda" else "cpu", "--run_dir", str(tmp_path / device),
+                     "--population.seeds", "0-2", "--probes.names", "[]"]) == 0
+    for member in ("m00", "m01", "m02"):
+        cpu, gpu = _values(tmp_path / "cpu" / member), _values(tmp_path / DEVICE / member)
+        assert cpu.keys() == gpu.keys()
+        for key, value in cpu.items():
+            assert gpu[key] == pytest.approx(value, rel=1e-3, abs=1e-4), (member, key)

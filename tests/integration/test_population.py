@@ -132,3 +132,40 @@ def test_every_member_has_its_own_wandb_run_in_the_populations_group(tmp_path, m
             for key, value in record.items():
                 assert history[step][key] == pytest.approx(value, rel=1e-6), (member, step, key)
     assert len(ids) == 2
+
+
+def test_the_population_report_overlays_the_members(tmp_path, chromium):
+    """fit writes the population's report: in Chromium its two figures load (the members'
+    curves and the transition steps' distribution), every member links to its own report,
+    and the table holds the statistics compare.csv holds."""
+    import csv
+    import html
+    import json
+    import re
+
+    from .test_report import blue_pixels, open_page
+
+    pop = tmp_path / "pop"
+    assert main(["fit", *TASKS["modular_addition"], *ARGS, "--trainer.max_steps", "40", "--run_dir", str(pop),
+                 "--population.seeds", "0-2", "--probes.names", "[grokking]"]) == 0
+    page = pop / "report.html"
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", """<pre id="seen"></pre><script>
+window.addEventListener("load", () => { document.getElementById("seen").textContent = JSON.stringify({
+  images: [...document.images].map(i => [i.alt, i.naturalWidth]),
+  links: [...document.querySelectorAll("#members a")].map(a => a.getAttribute("href")),
+  rows: [...document.querySelectorAll("#distribution tr")].slice(1).map(r => [...r.cells].map(c => c.textContent))});
+});</script></body>"""))
+    console, dom = open_page(chromium, probe, tmp_path)
+    assert not [line for line in console if "rror" in line], console
+    seen = json.loads(html.unescape(re.search(r'<pre id="seen">(.*?)</pre>', dom, re.S).group(1)))
+    assert [alt for alt, _ in seen["images"]] == ["members", "distributions"]
+    assert all(width > 400 for _, width in seen["images"])
+    assert seen["links"] == ["m00/report.html", "m01/report.html", "m02/report.html"]
+    assert all((pop / link).exists() for link in seen["links"])
+    with open(pop / "figures" / "compare.csv") as f:
+        median = next(r for r in csv.DictReader(f) if r["run"] == "median")
+    for transition, *stats in seen["rows"]:
+        assert stats[0] == f"{float(median[transition]):.0f}"
+    assert seen["rows"]
+    assert blue_pixels(pop / "figures" / "members.png") > 200  # member m00's curves drawn

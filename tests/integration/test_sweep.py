@@ -232,3 +232,32 @@ def test_an_empty_wandb_mode_variable_means_unset(tmp_path, monkeypatch):
     logger.log_metrics({"x": 1.0}, step=0)
     logger.finalize("success")
     assert not logger._failed and list((store.root / "wandb").glob("offline-run-*"))
+
+
+def test_a_grid_over_seeds_packs_into_populations(tmp_path):
+    """seed_everything x weight decay: the two seeds of each weight decay train as one
+    population (one process each); every grid point's run is a member folder with exactly
+    its configuration, and compare reads the seeds as a distribution per weight decay."""
+    sweep = TINY.replace("max_steps={MAX_STEPS}".format(MAX_STEPS=MAX_STEPS), "max_steps=30").replace(
+        "  data.task.frac_train: {values: [0.5, 0.7]}", "  seed_everything: {values: [3, 4]}")
+    (tmp_path / "seeds.yaml").write_text(sweep)
+    out = tmp_path / "out"
+    assert main(["sweep", str(tmp_path / "seeds.yaml"), "--out", str(out), "--parallel", "2"]) == 0
+    runs = json.loads((out / "sweep.json").read_text())["runs"]
+    assert [r["state"] for r in runs] == ["finished"] * 4
+    assert len({r["pack"] for r in runs}) == 2
+    for run in runs:
+        pack = {r["params"]["seed_everything"] for r in runs if r["pack"] == run["pack"]}
+        assert pack == {3, 4}  # one population per weight decay, both seeds in it
+        cfg = yaml.safe_load((out / run["folder"] / "config.yaml").read_text())
+        assert cfg["seed_everything"] == run["params"]["seed_everything"]
+        assert cfg["model"]["weight_decay"] == run["params"]["model.weight_decay"]
+        assert cfg["data"]["task"]["init_args"]["seed"] == 0  # the grid point's data seed, not the member's
+        assert max(json.loads(line)["step"] for line in (out / run["folder"] / "metrics.jsonl").open()) == 30
+    assert main(["compare", str(out)]) == 0
+    with open(out / "compare.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows[:4]] == [r["name"] for r in runs]
+    summary = [r for r in rows if r["state"] == "2 seeds"]
+    assert sorted((r["run"], float(r["model.weight_decay"])) for r in summary) == sorted(
+        (stat, wd) for stat in ("median", "q25", "q75", "min", "max") for wd in (0.5, 1.0))
