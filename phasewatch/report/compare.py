@@ -101,7 +101,7 @@ def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tu
         chosen = [k for k in headline_keys() if k in present]
     rows, transition_columns = [], []
     for (run_dir, record), p, s in zip(runs, params, series):
-        row: dict[str, Any] = {"run": run_dir.name, "state": record.get("state", "")}
+        row: dict[str, Any] = {"run": record.get("name") or run_dir.name, "state": record.get("state", "")}
         row.update(p)
         for key in chosen:
             if key in s:
