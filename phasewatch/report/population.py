@@ -55,7 +55,7 @@ def plot_members(root: str | Path, out: str | Path, max_panels: int = 6) -> Path
                             color=f"C{i % 10}")
         ax.set_xscale("log")
         values = [v for s in series if key in s for v in s[key][1] if v is not None and v > 0]
-        if "loss" in key and values and max(values) > 10 * min(values):  # losses that fall by decades
+        if key.endswith("/loss") and values and max(values) > 10 * min(values):  # losses that fall by decades
             ax.set_yscale("log")
         ax.set_title(key, loc="left", fontsize=9)
         ax.grid(alpha=0.3, which="both")
