@@ -157,7 +157,9 @@ class PhasewatchCLI(LightningCLI):
                                                     parse_seeds, population_last)
 
         seeds = parse_seeds(cfg.population.seeds)
-        refuse = [("interventions", bool(self._get(self.config_init, "interventions").items),
+        refuse = [("population.seeds", self.subcommand != "fit", f"{self.subcommand} takes one run, not a population",
+                   "Give it one member's config: --config <population>/m00/config.yaml."),
+                  ("interventions", bool(self._get(self.config_init, "interventions").items),
                    "a population takes no interventions", "Train the seeds one by one with --interventions."),
                   ("model.on_nonfinite", self.model.hparams.on_nonfinite == "skip",
                    "a population stops on a non-finite loss; skip is not supported",
