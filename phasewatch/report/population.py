@@ -77,7 +77,7 @@ def write_population_report(root: str | Path, out: str | Path | None = None) -> 
     root = Path(root)
     members = run_folders(root)
     if not members:
-        raise FileNotFoundError(f"{root} holds no member runs (m00, m01, ... with metrics.jsonl)")
+        raise FileNotFoundError(f"{root} holds no member runs (run folders m00, m01, ... with metrics)")
     figures = RunFolder(root).figures
     curves = plot_members(root, figures / "members.png")
     columns, rows = compare([root])
@@ -92,7 +92,7 @@ def write_population_report(root: str | Path, out: str | Path | None = None) -> 
             f"<td>{stats[s][c]:.0f}</td>" if stats.get(s, {}).get(c) is not None else "<td></td>" for s in STATISTICS)
         + "</tr>" for c in transitions)
     links = "".join(
-        f'<li><a href="{html.escape(m.root.name)}/report.html">{html.escape(m.root.name)}</a>'
+        f'<li><a href="{html.escape(m.report.relative_to(root).as_posix())}">{html.escape(m.root.name)}</a>'
         f" (seed {html.escape(str((m.read_config() if m.config.exists() else {}).get('seed_everything', '?')))})</li>"
         for m in members)
     page = f"""<!doctype html>

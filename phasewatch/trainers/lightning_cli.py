@@ -154,11 +154,11 @@ class PhasewatchCLI(LightningCLI):
 
         from phasewatch.rundir import member_name
         from phasewatch.trainers.population import (MemberCallbacks, PopulationData, PopulationModule, member_config,
-                                                    parse_seeds, population_last)
+                                                    parse_seeds)
 
         seeds = parse_seeds(cfg.population.seeds)
         refuse = [("population.seeds", self.subcommand != "fit", f"{self.subcommand} takes one run, not a population",
-                   "Give it one member's config: --config <population>/m00/config.yaml."),
+                   f"Give it one member's config instead: --config {RunFolder(store.root / member_name(0)).config}."),
                   ("interventions", bool(self._get(self.config_init, "interventions").items),
                    "a population takes no interventions", "Train the seeds one by one with --interventions."),
                   ("model.on_nonfinite", self.model.hparams.on_nonfinite == "skip",
@@ -203,7 +203,7 @@ class PhasewatchCLI(LightningCLI):
         self.datamodule = PopulationData(data, shared=not vary)
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         trainer_config["callbacks"] = [*(trainer_config.get("callbacks") or []),
-                                       MemberCallbacks(callbacks, loggers, roots, population_last(store.root))]
+                                       MemberCallbacks(callbacks, loggers, roots, store.last_checkpoint)]
         trainer_config.update(logger=False, enable_checkpointing=False)
         print(f"phasewatch: population of {len(seeds)} (seeds {cfg.population.seeds}), members in "
               f"{store.root}/{member_name(0)} ... {member_name(len(seeds) - 1)}")

@@ -45,7 +45,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from phasewatch.models import native_module, parameters_kept
-from phasewatch.rundir import LAST_CHECKPOINT, member_name
+from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch, ConfigError, masked_mean_loss
 from phasewatch.trainers.module import TaskDataModule, TrainModule
 
@@ -93,7 +93,7 @@ def member_config(config: dict[str, Any], seed: int, vary_data: bool, run_dir: P
     if vary_data:
         out["data"]["task"].setdefault("init_args", {})["seed"] = seed
     out["run_dir"] = str(run_dir)
-    out.setdefault("checkpoints", {})["dirpath"] = str(run_dir / "checkpoints")
+    out.setdefault("checkpoints", {})["dirpath"] = str(RunFolder(run_dir).checkpoints)
     out.pop("population", None)
     out.pop("ckpt_path", None)
     return out
@@ -445,8 +445,3 @@ class PopulationData(pl.LightningDataModule):
 
 def _identity(x):
     return x
-
-
-def population_last(root: str | os.PathLike) -> Path:
-    """The population's own checkpoint, from which every member resumes."""
-    return Path(root) / "checkpoints" / LAST_CHECKPOINT

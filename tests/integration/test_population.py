@@ -46,12 +46,14 @@ def _same_run(a, b, rtol=1e-5):
 
 SCHEDULE = ["--trainer.val_check_interval", "4", "--trainer.log_every_n_steps", "2"]
 ARGS = [*SCHEDULE, "--no_wandb", *TINY]
+#: the task's default probes, at three steps (and the cheap ones at every validation)
+PROBED = ["--probes.schedule", '{"kind": "list", "steps": [0, 6, 12]}']
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_a_member_is_the_run_alone_with_its_seed(tmp_path, task):
     pop = tmp_path / "pop"
-    assert main(["fit", *TASKS[task], *ARGS, "--trainer.max_steps", "12", "--run_dir", str(pop),
+    assert main(["fit", *TASKS[task], *ARGS, *PROBED, "--trainer.max_steps", "12", "--run_dir", str(pop),
                  "--population.seeds", "1,2"]) == 0
     m1 = pop / "m01"
     config = yaml.safe_load((m1 / "config.yaml").read_text())
@@ -146,7 +148,7 @@ def test_the_population_report_overlays_the_members(tmp_path, chromium):
     from .test_report import blue_pixels, open_page
 
     pop = tmp_path / "pop"
-    assert main(["fit", *TASKS["modular_addition"], *ARGS, "--trainer.max_steps", "40", "--run_dir", str(pop),
+    assert main(["fit", *TASKS["modular_addition"], *ARGS, "--trainer.max_steps", "24", "--run_dir", str(pop),
                  "--population.seeds", "0-2", "--probes.names", "[grokking]"]) == 0
     page = pop / "report.html"
     probe = tmp_path / "probe.html"
