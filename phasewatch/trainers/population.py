@@ -42,11 +42,12 @@ from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 from phasewatch.models import native_module, parameters_kept
 from phasewatch.rundir import RunFolder, member_name
-from phasewatch.tasks.base import Batch, ConfigError, masked_mean_loss
+from phasewatch.tasks.base import Batch, ConfigError
 from phasewatch.trainers.module import TaskDataModule, TrainModule
 
 
@@ -113,7 +114,8 @@ class PopulationModule(pl.LightningModule):
         first = members[0]
         for k, member in enumerate(members[1:], 1):
             if member.arch != first.arch:
-                raise ConfigError("population", f"member {k} has another architecture than member 0", "")
+                raise ConfigError("population", f"member {k} has another architecture than member 0",
+                                  "Build every member from the same config (only the seeds differ).")
         self.members, self.shared_data = members, shared_data
         self.task, self.loss_dtype = first.task, first.loss_dtype
         self.hparams_of_members = dict(first.hparams)
@@ -151,51 +153,56 @@ class PopulationModule(pl.LightningModule):
 
     # --- the step ----------------------------------------------------------------------
 
-    def _member_outputs(self, batch: Batch | list[Batch]) -> dict[str, torch.Tensor]:
-        """Per member (a leading member dimension): the mean loss over answer tokens, and the
-        sums over the batch that validation adds up. `batch` is one batch for every member
-        (shared data), the members' batches stacked, or a list of them when their shapes
-        differ (a RASP task draws each step's length per member): then one vectorised pass
-        per shape."""
+    def _member_outputs(self, batch: Batch | list[Batch], counts: bool = True) -> dict[str, torch.Tensor]:
+        """Per member (a leading member dimension): the mean loss over answer tokens `loss`
+        and, with `counts`, the sums that accuracy and validation need (`loss_sum`, `tokens`,
+        `correct`, `seq_ok`). `batch` is one batch for every member (shared data), the members'
+        batches stacked, or a list of them when their shapes differ (a RASP task draws each
+        step's length per member): then one vectorised pass per shape."""
         if not isinstance(batch, list):
             params = {name: self.stacked[_key(name)] for name in self._names}
-            return self._vectorised(params, batch, shared=self.shared_data)
+            return self._vectorised(params, batch, self.shared_data, counts)
         groups: dict[tuple, list[int]] = {}
         for k, b in enumerate(batch):
             groups.setdefault(tuple(b.tokens.shape), []).append(k)
         if len(groups) == 1:
-            return self._member_outputs(stack_batches(batch))
+            return self._member_outputs(stack_batches(batch), counts)
         parts, order = [], []
         for members in groups.values():
             index = torch.tensor(members, device=self.device)
             params = {name: self.stacked[_key(name)].index_select(0, index) for name in self._names}
-            parts.append(self._vectorised(params, stack_batches([batch[k] for k in members]), shared=False))
+            parts.append(self._vectorised(params, stack_batches([batch[k] for k in members]), False, counts))
             order += members
         back = torch.argsort(torch.tensor(order, device=self.device))
         return {key: torch.cat([p[key] for p in parts])[back] for key in parts[0]}
 
-    def _vectorised(self, params: dict[str, torch.Tensor], batch: Batch, shared: bool) -> dict[str, torch.Tensor]:
+    def _vectorised(self, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
+                    counts: bool) -> dict[str, torch.Tensor]:
         from torch.func import functional_call, vmap
 
         template, dtype = self._template, self.loss_dtype
 
         def one(params, tokens, targets, mask):
             logits = functional_call(template, params, (tokens,))
-            b = Batch(tokens, targets, mask)
-            per = torch.nn.functional.cross_entropy(logits.to(dtype).flatten(0, -2), targets.flatten(),
-                                                    reduction="none").view(targets.shape)
-            right = (logits.argmax(-1) == targets) & mask
-            return {"loss": masked_mean_loss(logits, b, dtype), "loss_sum": (per * mask).sum(),
-                    "tokens": mask.sum(), "correct": right.sum(), "seq_ok": (right | ~mask).all(-1).sum()}
+            # every position's cross-entropy weighted by the mask (`masked_mean_loss`: no boolean
+            # indexing, which vmap cannot do)
+            per = F.cross_entropy(logits.to(dtype).flatten(0, -2), targets.flatten(), reduction="none")
+            loss_sum, tokens_ = (per * mask.flatten()).sum(), mask.sum()
+            out = {"loss": loss_sum / tokens_}
+            if counts:
+                right = (logits.argmax(-1) == targets) & mask
+                out |= {"loss_sum": loss_sum, "tokens": tokens_, "correct": right.sum(),
+                        "seq_ok": (right | ~mask).all(-1).sum()}
+            return out
 
         data = None if shared else 0
         with parameters_kept(template):
             return vmap(one, in_dims=(0, data, data, data))(params, batch.tokens, batch.targets, batch.loss_mask)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
-        out = self._member_outputs(batch)
+        logging = not (self.global_step + 1) % self.trainer.log_every_n_steps  # Lightning's rule, as TrainModule
+        out = self._member_outputs(batch, counts=logging)
         losses = out["loss"]
-        logging = not (self.global_step + 1) % self.trainer.log_every_n_steps
         if self.trainer.strategy.root_device.type == "cpu" or logging:
             bad = (~torch.isfinite(losses.detach())).nonzero().flatten().tolist()
             if bad:
