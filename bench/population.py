@@ -24,6 +24,7 @@ Two measurements, each against its baseline in the same run:
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -76,7 +77,7 @@ def bench_training(a) -> list[dict]:
     time_fit(a.config[0], 2, a.device, None)  # warm-up: the first fit in a process imports and compiles
     time_fit(a.config[0], 2, a.device, "0-1")
     for config in a.config:
-        solo = sorted(time_fit(config, a.steps, a.device, None) for _ in range(a.solo))[a.solo // 2]
+        solo = statistics.median(time_fit(config, a.steps, a.device, None) for _ in range(a.solo))
         for n in a.members:
             together = time_fit(config, a.steps, a.device, f"0-{n - 1}")
             memory = torch.cuda.max_memory_allocated() / n / 2**20 if a.device == "cuda" else None

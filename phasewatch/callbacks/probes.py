@@ -116,18 +116,19 @@ class ProbeRunner(pl.Callback):
         for values in results.values():
             for key, value in values.items():
                 if is_tracked(key):
-                    self._track(step, key, [str(v) for v in value])
+                    self._track(step, key, [str(v) for v in value], getattr(trainer, "member", None))
         if scalars:
             for logger in trainer.loggers:
                 logger.log_metrics(scalars, step=step)
 
-    def _track(self, step: int, key: str, labels: list[str]) -> None:
+    def _track(self, step: int, key: str, labels: list[str], member: str | None = None) -> None:
         history = self.history.setdefault(key, [])
         previous = history[-1][1] if history else None
         if previous is None or sorted(previous) != sorted(labels):
             history.append((step, labels))
-            if previous is not None:
-                print(f"phasewatch: step {step}: {key.replace('_', ' ')} {_show(previous)} -> {_show(labels)}")
+            if previous is not None:  # a population's member is named (trainers/population.py)
+                at = f"{member} step {step}" if member else f"step {step}"
+                print(f"phasewatch: {at}: {key.replace('_', ' ')} {_show(previous)} -> {_show(labels)}")
 
     def _initial_model(self, pl_module: pl.LightningModule, step: int):
         """The model at step 0 when a probe wants it: copied at step 0, rebuilt from the

@@ -31,7 +31,7 @@ from phasewatch.rundir import RunFolder, SweepFolder, csv_cell as _cell, run_fol
 
 IGNORED_CONFIG = ("run_dir", "checkpoints.dirpath", "ckpt_path")
 #: the rows compare adds per group of runs that differ only in seeds (a population, or a sweep's seeds)
-STATISTICS = ("median", "q25", "q75", "min", "max")
+STATISTICS = ("n", "median", "q25", "q75", "min", "max")
 
 
 def is_seed(key: str) -> bool:
@@ -124,9 +124,9 @@ def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tu
 
 def distributions(rows: list[dict[str, Any]], params: list[str], transitions: list[str]) -> list[dict[str, Any]]:
     """Per group of runs that differ only in seeds (`is_seed`), with at least 2 runs: one row
-    per statistic of STATISTICS (run = its name, state = "<n> seeds") holding, per transition
-    column, that statistic of the midpoint steps over the runs that have the transition
-    (quartiles by linear interpolation, numpy's default)."""
+    per statistic of STATISTICS (run = its name, state = "<runs> seeds") holding, per transition
+    column, that statistic of the midpoint steps over the runs that have the transition (`n`:
+    how many have it; quartiles by linear interpolation, numpy's default)."""
     import numpy as np
 
     fixed = [p for p in params if not is_seed(p)]
@@ -143,7 +143,9 @@ def distributions(rows: list[dict[str, Any]], params: list[str], transitions: li
         for stat in STATISTICS:
             row = {"run": stat, "state": f"{len(members)} seeds", **{p: members[0].get(p) for p in fixed}}
             for column, v in values.items():
-                if len(v):
+                if stat == "n":  # how many of the seeds have the transition: the others are left out
+                    row[column] = len(v)
+                elif len(v):
                     q = {"median": 50, "q25": 25, "q75": 75, "min": 0, "max": 100}[stat]
                     row[column] = float(np.percentile(v, q))
             out.append(row)

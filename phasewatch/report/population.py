@@ -17,12 +17,12 @@ from pathlib import Path
 from phasewatch.probes.keys import headline_keys
 from phasewatch.report.compare import STATISTICS, compare, plot_distributions
 from phasewatch.report.curves import save_figure
-from phasewatch.rundir import RunFolder, run_folders, write_atomic, write_csv
+from phasewatch.rundir import RunFolder, SweepFolder, run_folders, write_atomic, write_csv
 
 
 def is_population(path: str | Path) -> bool:
     """Whether `path` holds a population: no metrics of its own, member run folders inside."""
-    return not RunFolder(path).metrics.exists() and bool(run_folders(path))
+    return not RunFolder(path).metrics.exists() and not SweepFolder(path).is_sweep() and bool(run_folders(path))
 
 
 def plot_members(root: str | Path, out: str | Path, max_panels: int = 6) -> Path:

@@ -29,7 +29,9 @@ The population's own folder (`runs/<name>`) holds its config.yaml and checkpoint
 from which `phasewatch fit --run_dir runs/<name> --ckpt_path last` resumes every member.
 
 Limits: a NaN or infinite loss in any member stops the whole population (`on_nonfinite:
-stop`, naming the members; `skip` is refused); interventions are refused.
+stop`, naming the members; `skip` is refused). On the CPU the losses are checked at every
+step; on an accelerator the fused AdamW skips every member's update at a step where any loss
+is not finite, and the check is read at logging steps. Interventions are refused.
 """
 
 from __future__ import annotations
@@ -203,7 +205,10 @@ class PopulationModule(pl.LightningModule):
         logging = not (self.global_step + 1) % self.trainer.log_every_n_steps  # Lightning's rule, as TrainModule
         out = self._member_outputs(batch, counts=logging)
         losses = out["loss"]
-        if self.trainer.strategy.root_device.type == "cpu" or logging:
+        on_cpu = self.trainer.strategy.root_device.type == "cpu"
+        if not on_cpu:  # the fused AdamW skips a step whose loss is not finite, on the device (as TrainModule)
+            self.optimizers().optimizer.found_inf = (~torch.isfinite(losses.detach())).any().float()
+        if on_cpu or logging:
             bad = (~torch.isfinite(losses.detach())).nonzero().flatten().tolist()
             if bad:
                 names = ", ".join(member_name(k) for k in bad)
@@ -242,6 +247,8 @@ class PopulationModule(pl.LightningModule):
         self._val_sums[group] = self._val_sums[group] + sums if group in self._val_sums else sums
 
     def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:  # Lightning logs nothing of a sanity check
+            return
         step = float(self.global_step)
         for k, loggers in enumerate(self.member_loggers):
             values: dict[str, float] = {}
@@ -393,6 +400,11 @@ class MemberCallbacks(pl.Callback):
                 cb.teardown(view, member, stage)
             for logger in view.loggers:
                 logger.finalize(status)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: PopulationModule, exception: BaseException) -> None:
+        for view in self.views:  # as Lightning closes a run's own loggers when it fails
+            for logger in view.loggers:
+                logger.finalize("failed")
 
     def state_dict(self) -> dict[str, Any]:
         return {"members": [{cb.state_key: cb.state_dict() for cb in cbs} for cbs in self.callbacks]}

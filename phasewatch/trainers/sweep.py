@@ -102,7 +102,8 @@ class LocalSweep:
         self.file = Path(file)
         self.config = load_sweep_file(self.file)
         if pack and not packable(self.config):
-            raise ConfigError("pack", "only a grid sweep over several seed_everything values packs into populations",
+            raise ConfigError("pack", "only a grid sweep over several seed_everything values packs into populations, "
+                                      f"and only when it sets none of {', '.join(UNPACKABLE)} (a population refuses them)",
                               "Leave out --pack, or add seed_everything: {values: [0, 1, 2]} to a grid sweep.")
         self.pack = packable(self.config) if pack is None else pack
         self.name = str(self.config.get("name") or self.file.stem)
@@ -181,21 +182,21 @@ class LocalSweep:
         """The processes to start: one run each, or with packing one per group of runs that
         differ only in seed_everything (a population; each run is given its `pack` and member
         `folder` once, so that a resumed sweep finds them again)."""
-        if not self.pack:
-            return [[run] for run in runs]
         groups: dict[str, list[dict[str, Any]]] = {}
-        for run in runs:
-            key = run.get("pack") or json.dumps({k: v for k, v in run["params"].items() if k != SEED},
-                                                sort_keys=True, default=str)
+        for run in runs:  # a run packed before stays in its pack (its folder is there), packing or not
+            key = run.get("pack") or (json.dumps({k: v for k, v in run["params"].items() if k != SEED},
+                                                 sort_keys=True, default=str) if self.pack else run["name"])
             groups.setdefault(key, []).append(run)
         packs = {r["pack"] for r in self.state["runs"] if r.get("pack")}
+        units = []
         for unit in groups.values():
-            if "pack" not in unit[0]:
+            if "pack" not in unit[0] and len(unit) > 1:
                 name = f"{self.name}-pack-{len(packs):03d}"
                 packs.add(name)
                 for k, run in enumerate(unit):
                     run.update(pack=name, folder=f"{name}/{member_name(k)}")
-        return list(groups.values())
+            units += [unit] if unit[0].get("pack") else [[run] for run in unit]  # one seed left: a run alone
+        return units
 
     def _folder(self, unit: list[dict[str, Any]]) -> RunFolder:
         """The folder the unit's process trains in: its run's, or its population's."""
@@ -205,7 +206,7 @@ class LocalSweep:
         folder = self._folder(unit)
         if unit[0].get("pack"):
             params = {k: v for k, v in unit[0]["params"].items() if k != SEED}
-            seeds = ",".join(str(run["params"][SEED]) for run in unit)
+            seeds = ",".join(f"{run['params'][SEED]}-{run['params'][SEED]}" for run in unit)  # ranges: never a count
             cmd = command_for(self.config, params, self.file) + [
                 "--run_dir", str(folder.root), "--population.seeds", seeds, "--population.vary_data", "false"]
         else:
@@ -377,10 +378,49 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+#: what a population refuses (trainers/population.py), as (setting, whether a value sets it):
+#: a sweep that sets one of them does not pack
+UNPACKABLE = {
+    "interventions": lambda v: bool(v.get("items") if isinstance(v, dict) else v),
+    "trainer.gradient_clip_val": lambda v: v is not None,
+    "model.on_nonfinite": lambda v: v == "skip",
+    "model.arch.seed": lambda v: v is not None,
+}
+
+
 def packable(config: dict[str, Any]) -> bool:
-    """Whether a sweep packs into populations: a grid over several seed_everything values."""
+    """Whether a sweep packs into populations: a grid over several seed_everything values
+    whose parameters, command flags and config file set nothing a population refuses."""
     spec = config["parameters"].get(SEED)
-    return config.get("method") == "grid" and isinstance(spec, dict) and len(spec.get("values") or []) > 1
+    if not (config.get("method") == "grid" and isinstance(spec, dict) and len(spec.get("values") or []) > 1):
+        return False
+    command = [str(part) for part in config.get("command") or []]
+    settings: dict[str, Any] = {}
+    for flag in ("--config", "-c"):  # the config file the runs start from
+        if flag in command[:-1] and Path(command[command.index(flag) + 1]).is_file():
+            loaded = yaml.safe_load(Path(command[command.index(flag) + 1]).read_text())
+            settings |= _dotted(loaded) if isinstance(loaded, dict) else {}
+    for i, part in enumerate(command):  # flags given in the command: --name=value or --name value
+        if part.startswith("--"):
+            name, _, value = part[2:].partition("=")
+            settings[name] = yaml.safe_load(value or (command[i + 1] if i + 1 < len(command) else "") or "null")
+    settings |= {name: _first_value(spec) for name, spec in config["parameters"].items()}
+    return not any(_refused(name, value) for name, value in settings.items())
+
+
+def _refused(name: str, value: Any) -> bool:
+    if name.startswith("interventions."):  # e.g. the flag --interventions.items=[...]
+        return bool(value)
+    return name in UNPACKABLE and UNPACKABLE[name](value)
+
+
+def _dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree and prefix != "interventions":
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out |= _dotted(value, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return {prefix: tree}
 
 
 def _describe_unit(unit: list[dict[str, Any]]) -> str:

@@ -167,7 +167,7 @@ window.addEventListener("load", () => { document.getElementById("seen").textCont
     assert all((pop / link).exists() for link in seen["links"])
     with open(pop / "figures" / "compare.csv") as f:
         median = next(r for r in csv.DictReader(f) if r["run"] == "median")
-    for transition, *stats in seen["rows"]:
-        assert stats[0] == f"{float(median[transition]):.0f}"
+    for transition, n, median_cell, *_ in seen["rows"]:
+        assert median_cell == f"{float(median[transition]):.0f}" and 1 <= int(n) <= 3
     assert seen["rows"]
     assert blue_pixels(pop / "figures" / "members.png") > 200  # member m00's curves drawn

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from phasewatch.trainers.cli import main
+from phasewatch.tasks.base import ConfigError
 from phasewatch.trainers.sweep import LocalSweep, command_for, load_sweep_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -260,4 +261,31 @@ def test_a_grid_over_seeds_packs_into_populations(tmp_path):
     assert [r["run"] for r in rows[:4]] == [r["name"] for r in runs]
     summary = [r for r in rows if r["state"] == "2 seeds"]
     assert sorted((r["run"], float(r["model.weight_decay"])) for r in summary) == sorted(
-        (stat, wd) for stat in ("median", "q25", "q75", "min", "max") for wd in (0.5, 1.0))
+        (stat, wd) for stat in ("n", "median", "q25", "q75", "min", "max") for wd in (0.5, 1.0))
+
+
+def test_packing_makes_populations_of_the_seeds_of_each_grid_point_only(tmp_path, monkeypatch):
+    """Which processes a sweep starts: one population per grid point with 2+ seeds (each seed
+    given as a range, never read as a count), a run alone for a grid point left with one seed,
+    and no packing for a sweep whose runs set what a population refuses."""
+    monkeypatch.chdir(REPO)
+    sweep = TINY.replace("  data.task.frac_train: {values: [0.5, 0.7]}", "  seed_everything: {values: [3, 4]}")
+    (tmp_path / "seeds.yaml").write_text(sweep)
+    local = LocalSweep(tmp_path / "seeds.yaml", tmp_path / "out")
+    assert local.pack
+    runs = local.planned()
+    units = local.units(runs[:3])  # the count cut the second weight decay's seeds to one
+    assert [len(u) for u in units] == [2, 1] and "pack" not in units[1][0]
+    cmd = local.command(units[0])
+    assert cmd[cmd.index("--population.seeds") + 1] == "3-3,4-4"
+    assert "--population.seeds" not in local.command(units[1])
+    alone = LocalSweep(tmp_path / "seeds.yaml", tmp_path / "out2", pack=False)
+    fresh = alone.planned()
+    assert alone.units(fresh) == [[r] for r in fresh]
+    assert [len(u) for u in alone.units(runs[:2])] == [2]  # runs packed before stay in their pack
+    clipped = tmp_path / "clip.yaml"
+    clipped.write_text(sweep.replace("--report.every_n_validations=1000,", "--report.every_n_validations=1000, "
+                                     "--trainer.gradient_clip_val=1.0,"))
+    assert not LocalSweep(clipped, tmp_path / "out3").pack
+    with pytest.raises(ConfigError, match="packs into populations"):
+        LocalSweep(clipped, tmp_path / "out4", pack=True)

@@ -23,7 +23,8 @@ def test_statistics_per_group_of_runs_that_differ_only_in_seeds():
     assert by[(1e-3, "median")]["val/acc up"] == 250 and by[(1e-3, "q25")]["val/acc up"] == 175
     assert by[(1e-3, "q75")]["val/acc up"] == 325 and by[(1e-3, "min")]["val/acc up"] == 100
     assert by[(1e-3, "max")]["val/acc up"] == 400
-    assert by[(1e-2, "median")]["val/acc up"] == 60  # the run without the transition is left out
+    assert by[(1e-2, "median")]["val/acc up"] == 60  # the run without the transition is left out...
+    assert by[(1e-2, "n")]["val/acc up"] == 2 and by[(1e-3, "n")]["val/acc up"] == 4  # ... and counted out
     assert "seed_everything" not in by[(1e-2, "median")]
     assert distributions(rows, ["model.lr"], ["val/acc up"]) == []  # no seed varies: no distribution
 
