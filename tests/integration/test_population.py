@@ -2,6 +2,7 @@
 with its config, on every task family; a crashed population resumes every member exactly."""
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -171,3 +172,20 @@ window.addEventListener("load", () => { document.getElementById("seen").textCont
         assert median_cell == f"{float(median[transition]):.0f}" and 1 <= int(n) <= 3
     assert seen["rows"]
     assert blue_pixels(pop / "figures" / "members.png") > 200  # member m00's curves drawn
+
+
+def test_a_members_checkpoint_resumes_as_the_member_alone(tmp_path):
+    """A member's step checkpoint is an ordinary run's: `phasewatch fit` resumes the member's
+    folder alone from it (optimizer slice, loop and callback states) and writes, line for line,
+    what the population wrote after that step (values to float rounding)."""
+    pop = tmp_path / "pop"
+    assert main(["fit", *TASKS["induction"], *ARGS, "--trainer.max_steps", "12", "--run_dir", str(pop),
+                 "--population.seeds", "0-1", "--probes.names", "[]", "--checkpoints.schedule",
+                 '{"kind": "list", "steps": [0, 6, 12]}']) == 0
+    alone = tmp_path / "m01-alone"
+    shutil.copytree(pop / "m01", alone)
+    assert main(["fit", "--run_dir", str(alone), "--ckpt_path", str(alone / "checkpoints" / "step=0000006.ckpt"),
+                 "--config", str(alone / "config.yaml")]) == 0
+    lines = [r["step"] for r in read_jsonl(alone / "metrics.jsonl")]
+    assert lines == [r["step"] for r in read_jsonl(pop / "m01" / "metrics.jsonl")]  # nothing lost or repeated
+    _same_run(alone, pop / "m01")  # the same values, to float rounding (vectorised against alone)
