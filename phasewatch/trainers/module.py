@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterator
+from collections.abc import Mapping
+from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
@@ -277,11 +278,17 @@ class TrainModule(pl.LightningModule):
         return moved
 
     def configure_optimizers(self):
-        hp = self.hparams
         params = [p for p in self.model.parameters() if p.requires_grad]
-        # fused on accelerators: one kernel per step, and it can skip a step on the device
-        opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.betas),
-                                fused=True if self.defer_checks else None)
-        warmup = hp.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / warmup) if warmup else 1.0)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adamw_with_warmup(params, self.hparams, fused=self.defer_checks)
+
+
+def adamw_with_warmup(params, hp: Mapping[str, Any], fused: bool) -> dict[str, Any]:
+    """AdamW and its linear warm-up, lr * min(step / warmup_steps, 1), stepped every step: what
+    `configure_optimizers` returns for TrainModule and PopulationModule. `hp` holds `lr`,
+    `weight_decay`, `betas` and `warmup_steps`. With `fused` (on accelerators) AdamW runs as
+    one kernel per step and can skip a step on the device (its `found_inf`)."""
+    opt = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"], betas=tuple(hp["betas"]),
+                            fused=True if fused else None)
+    warmup = hp["warmup_steps"]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / warmup) if warmup else 1.0)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from phasewatch.models import native_module, parameters_kept
 from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch, ConfigError
-from phasewatch.trainers.module import TaskDataModule, TrainModule
+from phasewatch.trainers.module import TaskDataModule, TrainModule, adamw_with_warmup
 
 
 def parse_seeds(spec: object) -> list[int]:
@@ -264,14 +264,9 @@ class PopulationModule(pl.LightningModule):
     # --- optimizer and checkpoints -----------------------------------------------------
 
     def configure_optimizers(self):
-        hp = self.hparams_of_members
         params = [self.stacked[_key(name)] for name in self._order]
-        fused = True if self.trainer.strategy.root_device.type != "cpu" else None
-        opt = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"], betas=tuple(hp["betas"]),
-                                fused=fused)
-        warmup = hp["warmup_steps"]
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / warmup) if warmup else 1.0)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adamw_with_warmup(params, self.hparams_of_members,
+                                 fused=self.trainer.strategy.root_device.type != "cpu")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.trainer.global_step == 0:  # as ScheduledCheckpoints: no loop state before the first step
