@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from phasewatch.probes.keys import headline_keys
-from phasewatch.rundir import RunFolder, SweepFolder, csv_cell as _cell, run_folders, write_csv
+from phasewatch.rundir import RunFolder, SweepFolder, csv_cell as _cell, flatten_config, run_folders, write_csv
 
 IGNORED_CONFIG = ("run_dir", "checkpoints.dirpath", "ckpt_path")
 #: the rows compare adds per group of runs that differ only in seeds (a population, or a sweep's seeds)
@@ -61,22 +61,12 @@ def find_runs(paths: list[str | os.PathLike]) -> list[tuple[Path, dict[str, Any]
     return runs
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            child = prefix if key == "init_args" else f"{prefix}.{key}" if prefix else key
-            out.update(_flatten(value, child))
-        return out
-    return {prefix: tree}
-
-
 def hyperparameters(runs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per run: its sweep parameters, or the config values that differ between the runs."""
     if all(record for _, record in runs):
         return [dict(record["params"]) for _, record in runs]
-    configs = [_flatten(RunFolder(run_dir).read_config()) if RunFolder(run_dir).config.exists() else {}
-               for run_dir, _ in runs]
+    configs = [flatten_config(RunFolder(run_dir).read_config(), fold_init_args=True)
+               if RunFolder(run_dir).config.exists() else {} for run_dir, _ in runs]
     keys = sorted({k for c in configs for k in c})
     varying = [k for k in keys if k not in IGNORED_CONFIG
                and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1]

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -122,6 +123,22 @@ def default_run_dir(task_name: str) -> Path:
         k += 1
         path = RUNS / f"{task_name}-{stamp}-{k}"
     return path
+
+
+def flatten_config(tree: Any, fold_init_args: bool, whole: Collection[str] = (), prefix: str = "") -> dict[str, Any]:
+    """A config tree (config.yaml, or a config file a sweep's command names) as {dotted key:
+    value}, the keys spelled as `phasewatch fit` flags: `{"model": {"arch": {"seed": 3}}}` gives
+    `{"model.arch.seed": 3}`. Dicts are walked (an empty one gives no key); anything else,
+    lists included, is one value, and so is the subtree at a key named in `whole`. With
+    `fold_init_args`, jsonargparse's `init_args` level is left out of the keys
+    (`data.task.init_args.p` is `data.task.p`)."""
+    if (prefix and prefix in whole) or not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        child = prefix if fold_init_args and key == "init_args" else f"{prefix}.{key}" if prefix else str(key)
+        out |= flatten_config(value, fold_init_args, whole, child)
+    return out
 
 
 class RunFolder:

@@ -42,7 +42,14 @@ from typing import Any
 
 import yaml
 
-from phasewatch.rundir import RUNS, RunFolder, SweepFolder, member_name, pid_alive
+from phasewatch.rundir import (
+    RUNS,
+    RunFolder,
+    SweepFolder,
+    flatten_config,
+    member_name,
+    pid_alive,
+)
 from phasewatch.tasks.base import ConfigError
 
 #: the sweep parameter that a population varies (packing)
@@ -399,7 +406,8 @@ def packable(config: dict[str, Any]) -> bool:
     for flag in ("--config", "-c"):  # the config file the runs start from
         if flag in command[:-1] and Path(command[command.index(flag) + 1]).is_file():
             loaded = yaml.safe_load(Path(command[command.index(flag) + 1]).read_text())
-            settings |= _dotted(loaded) if isinstance(loaded, dict) else {}
+            if isinstance(loaded, dict):
+                settings |= flatten_config(loaded, fold_init_args=False, whole=("interventions",))
     for i, part in enumerate(command):  # flags given in the command: --name=value or --name value
         if part.startswith("--"):
             name, _, value = part[2:].partition("=")
@@ -412,15 +420,6 @@ def _refused(name: str, value: Any) -> bool:
     if name.startswith("interventions."):  # e.g. the flag --interventions.items=[...]
         return bool(value)
     return name in UNPACKABLE and UNPACKABLE[name](value)
-
-
-def _dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict) and tree and prefix != "interventions":
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out |= _dotted(value, f"{prefix}.{key}" if prefix else str(key))
-        return out
-    return {prefix: tree}
 
 
 def _describe_unit(unit: list[dict[str, Any]]) -> str:
