@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from phasewatch.probes.keys import headline_keys
-from phasewatch.rundir import RunFolder, SweepFolder, csv_cell as _cell, flatten_config, run_folders, write_csv
+from phasewatch.rundir import RunFolder, Series, SweepFolder, csv_cell as _cell, flatten_config, run_folders, write_csv
 
 IGNORED_CONFIG = ("run_dir", "checkpoints.dirpath", "ckpt_path")
 #: the rows compare adds per group of runs that differ only in seeds (a population, or a sweep's seeds)
@@ -76,11 +76,18 @@ def hyperparameters(runs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, A
 def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """The table as (columns, rows): run, state, hyperparameters, final values of the
     keys, and `<key> <up|down>` transition midpoints."""
+    runs = find_runs(paths)
+    return compare_runs(runs, [RunFolder(run_dir).series() for run_dir, _ in runs], keys)
+
+
+def compare_runs(runs: list[tuple[Path, dict[str, Any]]], series: list[Series],
+                 keys: list[str] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """`compare`'s table for `runs` (as `find_runs` gives them) whose series the caller has
+    already read (`series[i]`: `RunFolder(runs[i][0]).series()`), so that they are read once
+    (the population report also plots them)."""
     from phasewatch.probes.transitions import detect_all
 
-    runs = find_runs(paths)
     params = hyperparameters(runs)
-    series = [RunFolder(run_dir).series() for run_dir, _ in runs]
     present = {k for s in series for k in s}
     if keys:
         missing = [k for k in keys if k not in present]

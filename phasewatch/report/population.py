@@ -15,9 +15,9 @@ import html
 from pathlib import Path
 
 from phasewatch.probes.keys import headline_keys
-from phasewatch.report.compare import STATISTICS, compare, plot_distributions
+from phasewatch.report.compare import STATISTICS, compare_runs, plot_distributions
 from phasewatch.report.curves import save_figure
-from phasewatch.rundir import RunFolder, SweepFolder, run_folders, write_atomic, write_csv
+from phasewatch.rundir import RunFolder, Series, SweepFolder, run_folders, write_atomic, write_csv
 
 
 def is_population(path: str | Path) -> bool:
@@ -25,16 +25,16 @@ def is_population(path: str | Path) -> bool:
     return not RunFolder(path).metrics.exists() and not SweepFolder(path).is_sweep() and bool(run_folders(path))
 
 
-def plot_members(root: str | Path, out: str | Path, max_panels: int = 6) -> Path:
+def plot_members(root: str | Path, members: list[RunFolder], series: list[Series], out: str | Path,
+                 max_panels: int = 6) -> Path:
     """One panel per headline series the members logged: every member's curve (log-step
-    axis), with its confirmed transitions' midpoints as dots."""
+    axis), with its confirmed transitions' midpoints as dots. `members`: the population's
+    run folders (`run_folders(root)`); `series[i]`: `members[i].series()`, read by the caller."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    members = run_folders(root)
-    series = [m.series() for m in members]
     events = [m.transitions() for m in members]
     keys = [k for k in headline_keys() if any(k in s for s in series)][:max_panels]
     n = max(1, len(keys))
@@ -79,8 +79,9 @@ def write_population_report(root: str | Path, out: str | Path | None = None) -> 
     if not members:
         raise FileNotFoundError(f"{root} holds no member runs (run folders m00, m01, ... with metrics)")
     figures = RunFolder(root).figures
-    curves = plot_members(root, figures / "members.png")
-    columns, rows = compare([root])
+    series = [m.series() for m in members]  # read once: plotted, then compared
+    curves = plot_members(root, members, series, figures / "members.png")
+    columns, rows = compare_runs([(m.root, {}) for m in members], series)  # compare([root]) of a population
     write_csv(columns, rows, figures / "compare.csv")
     transitions = [c for c in columns if c.endswith((" up", " down"))]
     spread = plot_distributions(transitions[:8], [r for r in rows if r["run"] not in STATISTICS],
