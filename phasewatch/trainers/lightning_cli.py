@@ -62,6 +62,7 @@ class PhasewatchCLI(LightningCLI):
     `checkpoints` callback; sets up the run folder and loggers before the trainer."""
 
     _options_given = False  # --probes.options on the command line (checked against the probes run)
+    _resumed: tuple[str, int] | None = None  # (checkpoint, its global_step) that resume_arguments read
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run_dir", type=str | None, default=None,
@@ -90,7 +91,7 @@ class PhasewatchCLI(LightningCLI):
             if isinstance(args, dict):
                 self.config = parser.parse_object(args)
             else:
-                argv = resolve_arguments(list(sys.argv[1:] if args is None else args))
+                argv, self._resumed = resolve_arguments(list(sys.argv[1:] if args is None else args))
                 self._options_given = any(a.startswith("--probes.options") for a in argv)
                 self.config = parser.parse_args(argv)
         except ArgumentError as err:
@@ -137,17 +138,27 @@ class PhasewatchCLI(LightningCLI):
         kwargs.setdefault("default_root_dir", str(store.root))
         self.store = store
         if (cfg.get("population") or {}).get("seeds") is not None:
-            return self._population_trainer(cfg, store, resuming, kwargs)
+            return self._population_trainer(cfg, store, kwargs)
         loggers = [RunFolderLogger(store, name)]
         if cfg.get("wandb") and self.subcommand == "fit":
-            step = read_checkpoint(cfg.ckpt_path).get("global_step") if resuming else None
+            step = self._resume_step(cfg)
             wandb_logger = make_wandb_logger(store, name, cfg.get("wandb_project"), self.config_dump_dict(), step)
             if wandb_logger is not None:
                 loggers.append(wandb_logger)
         kwargs.setdefault("logger", loggers)
         return super().instantiate_trainer(**kwargs)
 
-    def _population_trainer(self, cfg: Namespace, store: RunFolder, resuming: bool, kwargs: dict[str, Any]):
+    def _resume_step(self, cfg: Namespace) -> int | None:
+        """The step a resumed run continues from (its checkpoint's global_step; None for a new
+        run): the one `resume_arguments` read with the command line, or, for a checkpoint
+        given otherwise (in a config file), read now."""
+        if cfg.get("ckpt_path") is None:
+            return None
+        if self._resumed is not None and self._resumed[0] == cfg.ckpt_path:
+            return self._resumed[1]
+        return read_checkpoint(cfg.ckpt_path)["global_step"]
+
+    def _population_trainer(self, cfg: Namespace, store: RunFolder, kwargs: dict[str, Any]):
         """The trainer of `--population.seeds`: every member built by this parser from its own
         config (trainers/population.py), trained as one PopulationModule."""
         from lightning.pytorch import seed_everything
@@ -178,7 +189,7 @@ class PhasewatchCLI(LightningCLI):
             vary = not self.datamodule.task.full_batch
         config, parser = self.config_dump_dict(), self._parser(self.subcommand)
         project = cfg.get("wandb_project")
-        step = read_checkpoint(cfg.ckpt_path).get("global_step") if resuming else None
+        step = self._resume_step(cfg)
         members, data, callbacks, loggers, roots = [], [], [], [], []
         for k, seed in enumerate(seeds):
             folder = RunFolder(store.root / member_name(k))
@@ -227,10 +238,11 @@ class PhasewatchCLI(LightningCLI):
             sys.exit(1)  # stopped on a NaN/inf loss: a failure for scripts and sweeps
 
 
-def resolve_arguments(argv: list[str]) -> list[str]:
+def resolve_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None]:
     """The command line as jsonargparse should see it: negative numbers as values
     (`--model.lr -1e-3`, as users type it), registry task names as class paths, and a
-    resumed run's config and last checkpoint filled in."""
+    resumed run's config and last checkpoint filled in; and the checkpoint read
+    (`resume_arguments`)."""
     return resume_arguments(task_argument(negative_values(argv)))
 
 
@@ -326,20 +338,21 @@ def task_argument(argv: list[str]) -> list[str]:
     return _set_flag(argv, "--data.task", path, keep_position=True)
 
 
-def resume_arguments(argv: list[str]) -> list[str]:
+def resume_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None]:
     """Make `fit --run_dir D --ckpt_path last` resume D: read D's config when no config is
     given, and turn `last` into D's last checkpoint. Any checkpoint given is read first,
     without running code (`read_checkpoint`): a missing, corrupt or crafted file stops here
-    with one line."""
+    with one line. Returns the arguments and (checkpoint, its global_step), None when no
+    checkpoint is given."""
     ckpt, run_dir = _flag_value(argv, "--ckpt_path"), _flag_value(argv, "--run_dir")
     if ckpt is None:
-        return argv
+        return argv, None
     if run_dir is None:
         if ckpt == "last":
             raise ConfigError("ckpt_path", "'last' needs the run folder to resume",
                               "Pass --run_dir runs/<name> together with --ckpt_path last.")
-        read_checkpoint(ckpt)  # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
-        return argv
+        # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
+        return argv, (ckpt, read_checkpoint(ckpt)["global_step"])
     store = RunFolder(run_dir)
     if _flag_value(argv, "--config") is None and _flag_value(argv, "-c") is None:
         if not store.config.exists():
@@ -355,8 +368,8 @@ def resume_arguments(argv: list[str]) -> list[str]:
                               "The run saved no checkpoint yet; start it again without --ckpt_path.")
         ckpt = str(store.last_checkpoint)
         argv = _set_flag(argv, "--ckpt_path", ckpt)
-    read_checkpoint(ckpt)  # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
-    return argv
+    # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
+    return argv, (ckpt, read_checkpoint(ckpt)["global_step"])
 
 
 #: errors raise (parse_arguments turns them into one line) instead of printing the usage and exiting
