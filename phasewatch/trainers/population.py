@@ -227,10 +227,10 @@ class PopulationModule(pl.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self._pending is not None:
-            step = float(self.global_step - 1)  # the step the values were computed at
+            step = self.global_step - 1  # the step the values were computed at
             for k, loggers in enumerate(self.member_loggers):
                 values = {key: (v[k].item() if torch.is_tensor(v) else v) for key, v in self._pending.items()}
-                emit(loggers, {**values, "step": step})
+                emit(loggers, values, step)
             self._pending = None
 
     def on_validation_epoch_start(self) -> None:
@@ -249,14 +249,13 @@ class PopulationModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:  # Lightning logs nothing of a sanity check
             return
-        step = float(self.global_step)
         for k, loggers in enumerate(self.member_loggers):
             values: dict[str, float] = {}
             for group, sums in self._val_sums.items():
                 loss, tokens, correct, seq_ok, seqs = sums[k].tolist()
                 values |= {f"{group}/loss": loss / tokens, f"{group}/acc": correct / tokens,
                            f"{group}/seq_acc": seq_ok / seqs}
-            emit(loggers, {**values, "step": step})
+            emit(loggers, values, self.global_step)
         val = self._val_sums.get("val")
         if val is not None:
             self.log("val/acc", (val[:, 2] / val[:, 1]).mean(), prog_bar=True, logger=False)
@@ -296,11 +295,9 @@ class PopulationModule(pl.LightningModule):
         return ckpt
 
 
-def emit(loggers: list, metrics: dict[str, float]) -> None:
-    """Hand values to loggers as Lightning's logger connector does: the logged "step" is the
-    x-axis, not a value."""
-    metrics = dict(metrics)
-    step = int(metrics.pop("step"))
+def emit(loggers: list, metrics: dict[str, float], step: int) -> None:
+    """Hand values to loggers as Lightning's logger connector does: `step` (the step that
+    TrainModule logs as "step") is the x-axis, not a value."""
     for logger in loggers:
         logger.log_metrics(metrics, step)
         logger.save()
