@@ -6,9 +6,14 @@ keys the probes declare), asking also for changes still under way (`in_progress=
 Each event gets a `stage` and `detected_at` (the step at which it was found), a console line,
 and goes to every logger that records events (the run folder's events, W&B):
 
-- `onset`: a change that stands out of the series' noise has begun and not yet ended (or has
-  ended too recently to be sure of), found in two looks in a row: a transition in progress.
-  Its `onset` is the fitted curve's 10% point so far.
+- `onset`: a transition in progress, said as soon as either
+  - the series' newest points leave its recent trend by 5 standard errors (`departure`: the
+    start of a change, before the detector can fit it; its `onset` is the first point that left), or
+  - the detector finds a change that stands out of the series' noise and has not yet ended (or
+    has ended too recently to be sure of) in two looks in a row (its `onset`: the fitted curve's
+    10% point so far).
+  Later looks that find the same change (by either test, within `SAME` of its span from its
+  onset to the last look that found it) keep it pending.
 - `confirmed`: the transition with onset, midpoint, end and magnitude (the event format of
   DESIGN.md plus `stage`), once it has been seen in two looks (the first gives its onset
   event, unless it had long ended when first found), the run has reached `settle` x its end step and the series has `points_after` more
@@ -35,7 +40,7 @@ import lightning.pytorch as pl
 from phasewatch.callbacks.loggers import log_event, logged_series
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.probes.keys import is_detail
-from phasewatch.probes.transitions import detect_transitions
+from phasewatch.probes.transitions import departure, detect_transitions
 from phasewatch.errors import require_int
 
 #: two events are the same transition when their spans, each widened by this factor in log-step,
@@ -61,6 +66,12 @@ def _same(a: dict, b: dict) -> bool:
             and b["onset"] / SAME <= a.get("end", a["onset"]) * SAME)
 
 
+def _continues(pending: dict, event: dict) -> bool:
+    """`event` is the change of a pending onset, which has been under way from its onset to the
+    last look that found it."""
+    return _same({**pending, "end": pending.get("seen_at", pending["detected_at"])}, event)
+
+
 class TransitionWatcher(pl.Callback):
     """Args:
     metrics: the series to watch (default: every logged series but the detail keys the
@@ -77,11 +88,15 @@ class TransitionWatcher(pl.Callback):
         them on their schedules)...
     dense_for: ... until confirmation or withdrawal, for at most this multiple of the onset's
         `detected_at` step.
+    departures: also give an onset when a series' newest points leave its recent trend
+        (`probes.transitions.departure`), before the detector can fit the change (False: onsets
+        only from the detector's changes under way).
     """
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
-                 points_after: int = 3, regrow: float = 0.1, dense: bool = True, dense_count: int = 200, dense_for: float = 3.0):
-        self.metrics, self.every, self.settle = metrics, max(1, int(every_n_validations)), settle
+                 points_after: int = 3, regrow: float = 0.1, dense: bool = True, dense_count: int = 200, dense_for: float = 3.0,
+                 departures: bool = True):
+        self.metrics, self.every, self.settle, self.departures = metrics, max(1, int(every_n_validations)), settle, departures
         self.points_after, self.regrow, self.dense, self.dense_for = points_after, regrow, dense, dense_for
         require_int(dense_count, "transitions.dense_count", 2)
         self.dense_count = dense_count
@@ -138,19 +153,21 @@ class TransitionWatcher(pl.Callback):
                 continue
             self._looked[key] = len(steps)
             found = detect_transitions(steps, values, key, in_progress=not final)
-            new += self._judge(key, steps, found, step, final)
+            left = departure(steps, values, key) if self.departures and not final else None
+            new += self._judge(key, steps, found, step, final, left)
         for event in new:
             event["detected_at"] = int(step)
             self.reported.append(event)
         return new
 
-    def _judge(self, key: str, steps, found: list[dict], step: int, final: bool) -> list[dict]:
-        """The events that this look's findings in one series call for."""
+    def _judge(self, key: str, steps, found: list[dict], step: int, final: bool, left: dict | None = None) -> list[dict]:
+        """The events that this look's findings in one series call for (`found`: the detector's
+        transitions, `left`: the series' departure from its recent trend, if any)."""
         new: list[dict] = []
         matched: set[int] = set()
         candidates = []
         for event in found:
-            pending = [p for p in self.pending if _same(p, event)]
+            pending = [p for p in self.pending if _continues(p, event)]
             matched.update(id(p) for p in pending)
             if self._confirmed(event) or (not final and event["confidence"] < SURE_ENOUGH):
                 continue
@@ -168,6 +185,13 @@ class TransitionWatcher(pl.Callback):
                 new.append(dict(self.pending[-1]))  # the pending copy also keeps when it was last seen
                 matched.add(id(self.pending[-1]))
         self._candidates[key] = candidates
+        if left is not None and not any(r.get("stage", "confirmed") == "confirmed" and _same(r, left) for r in self.reported):
+            pending = [p for p in self.pending if _continues(p, left)]
+            matched.update(id(p) for p in pending)
+            if not pending:  # a departure from the trend: a transition under way before the detector can fit it
+                self.pending.append({**left, "stage": "onset", "detected_at": int(step)})
+                new.append(dict(self.pending[-1]))
+                matched.add(id(self.pending[-1]))
         for p in [p for p in self.pending if p["metric"] == key]:
             if id(p) in matched:
                 p["seen_at"] = int(step)

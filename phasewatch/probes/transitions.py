@@ -469,6 +469,78 @@ class _Judge:
                 "confidence": round(float(confidence), 4)}
 
 
+#: the windows of the departure test, in decades of steps back from the newest point
+DEPARTURE_WINDOWS = (0.15, 0.3, 0.6, 1.0)
+#: the departure test tries the newest 1 ... this many points as the part that left the trend
+DEPARTURE_NEWEST = 4
+#: ... fitting the trend to at least this many points before them
+DEPARTURE_BASELINE = 4
+#: a departure is this many standard errors from the trend's extrapolation (the test is made at
+#: every look, on up to 4 windows x 4 splits; bench/live_latency.py counts the departures that
+#: no transition follows)
+DEPARTURE_Z = 5.0
+
+
+def departure(steps: Sequence[float], values: Sequence[float], metric: str = "", log_values: bool = False) -> dict | None:
+    """Whether the newest points of a series have left its recent trend: the early sign of a
+    transition under way, before the detector can fit it (it needs most of a step).
+
+    In log-step time, for each window of `DEPARTURE_WINDOWS` decades back from the newest
+    point and each split of it into the newest k points (k <= `DEPARTURE_NEWEST`) and the
+    ones before (at least `DEPARTURE_BASELINE`): a straight line (the trend) is fitted to the
+    ones before by least squares and extrapolated; the newest points' summed residual against
+    it, over its standard error (the points' noise plus the line's uncertainty at their
+    t: sigma^2 (k + k^2 (1/m + (t_new - t_mean)^2 / Sxx))), is z. The noise sigma is the largest
+    of the robust scale of the point residuals (each against the line through its neighbours,
+    as in `detect_transitions`) in the window and over the whole series, and the scatter of the
+    points before about their line (a robust scale from a few points can come out far too small
+    by chance; and where they are no line, e.g. a window over the end of an earlier drop, the
+    trend is no guide and z shrinks). A departure needs
+    |z| >= `DEPARTURE_Z`, at least 3/4 of the newest points on its side of the trend, the
+    newest one as far out as the first, and the newest points' mean beyond the mean of as many
+    points before them (at least 2) by 2 standard errors in that direction: the series moves
+    that way (the end of a drop is also a departure from its steep line, upwards; the series
+    slowing down is not a new change). The strongest split wins.
+
+    Returns None or {metric, direction, onset (the first of the newest points that left the
+    trend), snr (|z|), confidence (Gaussian probability that z passes the test again: 0.5
+    at the threshold)}.
+    """
+    t, y, _ = _prepare(steps, values, log_values)
+    n = len(t)
+    if n < DEPARTURE_BASELINE + 1 or np.ptp(y) <= FLAT * float(np.max(np.abs(y))):
+        return None
+    noise = max(_robust_scale(_point_residuals(t, y)[1]), NOISE_FLOOR * float(np.ptp(y)))
+    best = None
+    for window in DEPARTURE_WINDOWS:
+        start = int(np.searchsorted(t, t[-1] - window))
+        for k in range(1, DEPARTURE_NEWEST + 1):
+            m = n - k - start
+            if m < DEPARTURE_BASELINE:
+                break
+            tb, yb, tn, yn = t[start:n - k], y[start:n - k], t[n - k:], y[n - k:]
+            t_mean, y_mean = float(tb.mean()), float(yb.mean())
+            sxx = float(((tb - t_mean) ** 2).sum())
+            if sxx <= 0:
+                continue
+            slope = float(((tb - t_mean) * (yb - y_mean)).sum()) / sxx
+            misfit = float(np.sqrt(((yb - y_mean - slope * (tb - t_mean)) ** 2).sum() / (m - 2))) if m > 2 else 0.0
+            sigma = max(noise, misfit, _robust_scale(_point_residuals(t[start:n - k + 1], y[start:n - k + 1])[1]))
+            r = yn - (y_mean + slope * (tn - t_mean))
+            se = sigma * math.sqrt(k + k**2 * (1 / m + (float(tn.mean()) - t_mean) ** 2 / sxx))
+            z = float(r.sum()) / se
+            sign = 1.0 if z > 0 else -1.0
+            before = yb[-max(k, 2):]
+            moved = sign * (float(yn.mean()) - float(before.mean())) / (sigma * math.sqrt(1 / k + 1 / len(before)))
+            if abs(z) < DEPARTURE_Z or np.mean(np.sign(r) == sign) < 0.75 or abs(r[-1]) < abs(r[0]) or moved < 2:
+                continue
+            if best is None or abs(z) > best["snr"]:
+                best = {"metric": metric, "direction": "up" if z > 0 else "down",
+                        "onset": int(round(10 ** tn[0])), "snr": abs(z),
+                        "confidence": _normal_cdf(abs(z) - DEPARTURE_Z)}
+    return best
+
+
 def _normal_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2))
 

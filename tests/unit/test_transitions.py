@@ -328,3 +328,44 @@ def test_a_change_still_under_way_when_training_stops_is_withdrawn_and_dense_unt
     final = watcher.update({"val/loss": (steps, values)}, 1100, final=True)
     assert [(e["stage"], e["reason"]) for e in final] == [("withdrawn", "training ended")]
     assert not watcher.pending and not any(watcher.dense_now(s) for s in grid)
+
+
+def _departures(steps, values, start=5):
+    """The departure test at every prefix of a series (a look after each logged point)."""
+    from phasewatch.probes.transitions import departure
+
+    return [(int(steps[n - 1]), d) for n in range(start, len(steps) + 1)
+            if (d := departure(steps[:n], values[:n], "x")) is not None]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("direction", ["down", "up"])
+def test_a_departure_from_the_trend_is_seen_before_the_midpoint_of_a_drop_or_rise(seed, direction):
+    """A step of 1 centred at 1,000 whose 10-90% part lasts 0.3 decades (700-1,400), noise 0.02,
+    logged every 25 steps on a steady trend: the newest points leave the trend's extrapolation
+    by 5 standard errors while the step is still under its midpoint, in its direction, with an
+    onset inside its first half; nothing before it begins."""
+    steps = np.arange(25, 3001, 25)
+    sign = 1 if direction == "up" else -1
+    values = (2 - 0.2 * np.log10(steps) + sign * sigmoid_in_log_steps(steps, 1000, 0.3 / (2 * math.log(9)))
+              + np.random.default_rng(seed).normal(0, 0.02, len(steps)))
+    found = _departures(steps, values)
+    assert found, "no departure"
+    at, first = found[0]
+    assert 600 <= at < 1000 and first["direction"] == direction and 500 <= first["onset"] <= at
+    assert first["snr"] >= 5 and 0.5 <= first["confidence"] <= 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_departure_on_flat_noise_a_steady_trend_or_the_levelling_after_a_drop(seed):
+    """Flat noise and a steady trend in log-step never leave their trend; after a drop the series
+    levels off, which departs from the drop's steep line upwards but is not a change of its own:
+    no departure goes up."""
+    steps = np.arange(25, 3001, 25)
+    noise = np.random.default_rng(seed).normal(0, 0.05, len(steps))
+    assert _departures(steps, 1 + noise) == []
+    assert _departures(steps, 2 - 0.3 * np.log10(steps) + noise) == []
+    drop = 2 - sigmoid_in_log_steps(steps, 600, 0.05) + 0.2 * noise
+    found = _departures(steps, drop)
+    assert found and all(d["direction"] == "down" for _, d in found)
+    assert all(d["onset"] <= 900 for _, d in found)  # only while it drops
