@@ -403,17 +403,18 @@ def packable(config: dict[str, Any]) -> bool:
         return False
     command = [str(part) for part in config.get("command") or []]
     settings: dict[str, Any] = {}
-    for flag in ("--config", "-c"):  # the config file the runs start from
-        if flag in command[:-1] and Path(command[command.index(flag) + 1]).is_file():
-            loaded = yaml.safe_load(Path(command[command.index(flag) + 1]).read_text())
+    for flag, path in zip(command, command[1:]):  # the config files the runs start from
+        if flag in ("--config", "-c") and Path(path).is_file():
+            loaded = yaml.safe_load(Path(path).read_text())
             if isinstance(loaded, dict):
-                settings |= flatten_config(loaded, fold_init_args=False, whole=("interventions",))
+                settings |= flatten_config(loaded, fold_init_args=True, whole=("interventions",))
     for i, part in enumerate(command):  # flags given in the command: --name=value or --name value
         if part.startswith("--"):
             name, _, value = part[2:].partition("=")
             settings[name] = yaml.safe_load(value or (command[i + 1] if i + 1 < len(command) else "") or "null")
     settings |= {name: _first_value(spec) for name, spec in config["parameters"].items()}
-    return not any(_refused(name, value) for name, value in settings.items())
+    # jsonargparse's class_path/init_args form names the same settings (model.arch.init_args.seed)
+    return not any(_refused(name.replace(".init_args", ""), value) for name, value in settings.items())
 
 
 def _refused(name: str, value: Any) -> bool:

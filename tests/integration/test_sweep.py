@@ -289,3 +289,7 @@ def test_packing_makes_populations_of_the_seeds_of_each_grid_point_only(tmp_path
     assert not LocalSweep(clipped, tmp_path / "out3").pack
     with pytest.raises(ConfigError, match="packs into populations"):
         LocalSweep(clipped, tmp_path / "out4", pack=True)
+    seeded = tmp_path / "seeded.yaml"  # the architecture's own seed, in the class_path/init_args form
+    seeded.write_text("model:\n  arch:\n    class_path: phasewatch.models.ModelConfig\n    init_args: {seed: 3}\n")
+    (tmp_path / "arch.yaml").write_text(sweep.replace("--data.task.p=23,", f"--data.task.p=23, --config, {seeded},"))
+    assert not LocalSweep(tmp_path / "arch.yaml", tmp_path / "out5").pack
