@@ -180,18 +180,13 @@ class TransitionWatcher(pl.Callback):
             elif settled or not (seen or final or event["snr"] >= SURE):  # said when the next look finds it again
                 candidates.append(event)
             elif not final and not pending and sum(s >= event["onset"] for s in steps) >= ONSET_POINTS:
-                onset = {k: event[k] for k in ("metric", "direction", "onset", "snr", "confidence")}
-                self.pending.append({**onset, "stage": "onset", "detected_at": int(step)})
-                new.append(dict(self.pending[-1]))  # the pending copy also keeps when it was last seen
-                matched.add(id(self.pending[-1]))
+                new.append(self._onset(event, step, matched))
         self._candidates[key] = candidates
-        if left is not None and not any(r.get("stage", "confirmed") == "confirmed" and _same(r, left) for r in self.reported):
+        if left is not None and not self._confirmed(left):
             pending = [p for p in self.pending if _continues(p, left)]
             matched.update(id(p) for p in pending)
             if not pending:  # a departure from the trend: a transition under way before the detector can fit it
-                self.pending.append({**left, "stage": "onset", "detected_at": int(step)})
-                new.append(dict(self.pending[-1]))
-                matched.add(id(self.pending[-1]))
+                new.append(self._onset(left, step, matched))
         for p in [p for p in self.pending if p["metric"] == key]:
             if id(p) in matched:
                 p["seen_at"] = int(step)
@@ -201,13 +196,21 @@ class TransitionWatcher(pl.Callback):
                 new.append({k: p[k] for k in ("metric", "direction", "onset")} | {"stage": "withdrawn", "reason": reason})
         return new
 
+    def _onset(self, event: dict, step: int, matched: set[int]) -> dict:
+        """Make `event` (the detector's change under way, or a departure) a pending onset found
+        at `step`; its event (the pending copy also keeps when it was last seen)."""
+        onset = {k: event[k] for k in ("metric", "direction", "onset", "snr", "confidence")}
+        self.pending.append({**onset, "stage": "onset", "detected_at": int(step)})
+        matched.add(id(self.pending[-1]))
+        return dict(self.pending[-1])
+
     def _confirmed(self, event: dict) -> bool:
-        """Already confirmed: the same metric and direction, overlapping spans (`SAME`) and
-        at most `GROWN` times the magnitude (the start of a change seen early, before more of it
-        came, is not the whole change)."""
+        """Already confirmed: the same metric and direction, overlapping spans (`SAME`) and, for
+        a change with a magnitude, at most `GROWN` times it (the start of a change seen early,
+        before more of it came, is not the whole change; a departure has none)."""
         return any(r.get("stage", "confirmed") == "confirmed" and _same(r, event)
-                   and event["magnitude"] <= GROWN * r["magnitude"]
-                   for r in self.reported if "magnitude" in event)
+                   and ("magnitude" not in event or event["magnitude"] <= GROWN * r["magnitude"])
+                   for r in self.reported)
 
     @staticmethod
     def _announce(trainer: pl.Trainer, event: dict) -> None:
