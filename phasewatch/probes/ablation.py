@@ -14,11 +14,14 @@ answer token) and `ablation/<component>/acc` (accuracy with it ablated), where
 more than `threshold` of accuracy; changes are printed during training).
 Loss and accuracy are summed over the held-out batches token by token, as `val/loss` (the
 `val` set only: a length-generalisation run's longer lengths, `val_longer`, are left out),
-on at most `per_length` (64) held-out sequences of each batch (a RASP task's batches hold
-one length each), spread evenly over it, with means estimated from at most `mean_over`
-(1024) held-out sequences, every batch in proportion to its size: estimates of the whole
-held-out set's numbers that keep the probe cheap enough to run densely (bench/README.md,
-`probe_overhead.py`; both options null for the whole set).
+estimated from a fixed sample of `sample` (64) held-out sequences drawn from every batch in
+proportion to its size (a RASP task's batches hold one length each; at least one of each,
+spread evenly over it), each weighted by how many it stands for; the means from `mean_over`
+(256) sequences drawn the same way. Estimates of the whole held-out set's numbers, cheap
+enough to run densely: all lengths go through one forward pass, padded to the longest
+(`tasks.base.padded`), with the clean copy and one copy per ablated component
+(bench/README.md, `probe_overhead.py`; both options null for the whole set). The sample
+is the same at every step, so the series move only as the model does.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
-from phasewatch.tasks.base import Task, masked_loss_and_acc
+from phasewatch.tasks.base import Task, mask_kwargs, padded
 
 MODES = ("mean", "zero")
 
@@ -48,31 +51,41 @@ def components(model) -> list[tuple[str, str, int | None]]:
     return out
 
 
-def position_means(model, batches, names: set[str]) -> dict[str, torch.Tensor]:
+def position_means(model, batches, names: set[str], weights: list[float] | None = None) -> dict[str, torch.Tensor]:
     """Each hook's mean output at each position over every held-out sequence that has
-    that position. Over the whole held-out set, not per batch: a RASP task's batches
-    hold one length each, and a per-batch mean would keep the length (and everything
-    computed from it) intact."""
-    sums: dict[str, torch.Tensor] = {}
-    counts = None
-    for batch in batches:
-        _, cache = model.run_with_cache(batch.tokens, names_filter=lambda name: name in names)
-        n_pos = batch.tokens.shape[1]
-        for name in names:
-            total = cache[name].double().sum(0)
-            if name not in sums:
-                sums[name] = torch.zeros((model.cfg.n_ctx, *total.shape[1:]), dtype=torch.float64, device=total.device)
-            sums[name][:n_pos] += total
-        step = torch.zeros(model.cfg.n_ctx, dtype=torch.float64, device=batch.tokens.device)
-        step[:n_pos] = len(batch.tokens)
-        counts = step if counts is None else counts + step
-    return {name: (s / counts.clamp_min(1).reshape(-1, *[1] * (s.dim() - 1))).float() for name, s in sums.items()}
+    that position, a sequence of batch i weighing `weights[i]` (1 when None: a sample's
+    weights make its means estimates of the whole set's). Over the whole held-out set,
+    not per batch: a RASP task's batches hold one length each, and a per-batch mean would
+    keep the length (and everything computed from it) intact. One forward pass of the
+    batches padded to one (`padded`)."""
+    joined, mask = padded(batches)
+    device = next(model.parameters()).device
+    row = _row_weights(batches, weights).to(device)
+    _, cache = model.run_with_cache(joined.tokens.to(device), names_filter=lambda name: name in names,
+                                    **mask_kwargs(mask, device))
+    has = (torch.ones_like(joined.tokens) if mask is None else mask).to(device).double() * row[:, None]  # [batch, pos]
+    counts = torch.zeros(model.cfg.n_ctx, dtype=torch.float64, device=device)
+    counts[:has.shape[1]] = has.sum(0)
+    out = {}
+    for name in names:
+        value = cache[name].double()
+        total = torch.einsum("bp,bp...->p...", has, value)
+        sums = torch.zeros((model.cfg.n_ctx, *total.shape[1:]), dtype=torch.float64, device=device)
+        sums[:has.shape[1]] = total
+        out[name] = (sums / counts.clamp_min(1e-12).reshape(-1, *[1] * (sums.dim() - 1))).float()
+    return out
 
 
-def held_out_sample(batches, per_length: int | None) -> list:
-    """At most `per_length` sequences of each held-out batch (one length each for a RASP
-    task), spread evenly over it; all of them when `per_length` is None."""
-    return batches if per_length is None else [batch.spread(per_length) for batch in batches]
+def _row_weights(batches, weights: list[float] | None) -> torch.Tensor:
+    """One weight per sequence of the batches joined (`weights[i]` for batch i; 1 when None)."""
+    weights = weights or [1.0] * len(batches)
+    return torch.cat([torch.full((len(b),), float(w), dtype=torch.float64) for b, w in zip(batches, weights)])
+
+
+def sample_weights(batches, sample) -> list[float]:
+    """How many sequences of its batch each sampled sequence stands for: with them, sums
+    over a sample (`proportional_sample`) estimate the whole set's."""
+    return [len(b) / len(s) for b, s in zip(batches, sample)]
 
 
 def proportional_sample(batches, total: int | None) -> list:
@@ -103,50 +116,57 @@ def _ablated_copies(value_of: dict[int, torch.Tensor | float], head: int | None,
 
 
 @torch.no_grad()
-def ablation_scores(model, task: Task, mode: str = "mean", per_length: int | None = 64,
-                    mean_over: int | None = 1024, max_rows: int = 16384) -> dict[str, dict[str, float]]:
-    """component -> {"loss": ..., "acc": ...} with it ablated, plus "clean", on at most
-    `per_length` held-out sequences of each length (`held_out_sample`; None: all of them).
-    The means (mode "mean") are over the held-out set, estimated from at most `mean_over`
-    of its sequences taken from every batch in proportion to its size, so that each length
-    weighs what it weighs in the whole set (None: all of them). Batched: one forward pass
-    holds the clean batch and one copy per component with that component ablated (as many
-    components as fit in `max_rows` sequences), the same numbers as one pass per component."""
+def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 64,
+                    mean_over: int | None = 256, max_rows: int = 16384) -> dict[str, dict[str, float]]:
+    """component -> {"loss": ..., "acc": ...} with it ablated, plus "clean", estimated from
+    `sample` held-out sequences drawn from every length in proportion (`proportional_sample`,
+    weighted by `sample_weights`; None: all of them). The means (mode "mean") are the held-out
+    set's, estimated from `mean_over` sequences drawn the same way (None: all of them).
+    Batched: one forward pass holds the clean sample and one copy per component with that
+    component ablated (as many components as fit in `max_rows` sequences), every length
+    padded to the longest; the same numbers as one pass per component and length."""
     if mode not in MODES:
         from phasewatch.tasks.base import ConfigError
 
         raise ConfigError("probes.options.ablation.mode", f"unknown mode {mode!r}", f"Use one of {', '.join(MODES)}.")
     comps = components(model)
     device = next(model.parameters()).device
-    batches = [b.to(device) for b, group in zip(task.val_batches(), task.val_groups()) if group == "val"]
-    means = position_means(model, proportional_sample(batches, mean_over),
-                           {hook for _, hook, _ in comps}) if mode == "mean" else None
+    batches = [b for b, group in zip(task.val_batches(), task.val_groups()) if group == "val"]
+    means = None
+    if mode == "mean":
+        drawn = proportional_sample(batches, mean_over)
+        means = position_means(model, drawn, {hook for _, hook, _ in comps}, sample_weights(batches, drawn))
+    chosen = proportional_sample(batches, sample)
+    joined, mask = padded(chosen)
+    joined = joined.to(device)
+    weight = _row_weights(chosen, sample_weights(batches, chosen)).to(device)[:, None].expand_as(joined.loss_mask)
+    weight = weight[joined.loss_mask]  # one per answer token
+    size, n_pos = joined.tokens.shape
     totals: dict[str, list[float]] = {}
 
-    def add(label: str, logits: torch.Tensor, batch) -> None:
-        loss, acc = masked_loss_and_acc(logits, batch, torch.float64)
-        n = int(batch.loss_mask.sum())
-        entry = totals.setdefault(label, [0.0, 0.0, 0])
-        entry[0] += float(loss) * n
-        entry[1] += float(acc) * n
-        entry[2] += n
+    def add(label: str, logits: torch.Tensor) -> None:
+        picked = logits[joined.loss_mask].double()
+        targets = joined.targets[joined.loss_mask]
+        loss = torch.nn.functional.cross_entropy(picked, targets, reduction="none")
+        correct = picked.argmax(-1).eq(targets).double()
+        totals[label] = [float((weight * loss).sum()), float((weight * correct).sum()), float(weight.sum())]
 
-    for batch in held_out_sample(batches, per_length):
-        size, n_pos = batch.tokens.shape[:2]
-        per_pass = max(1, max_rows // size - 1)
-        for start in range(0, len(comps), per_pass):
-            group = comps[start:start + per_pass]
-            hooks: dict[tuple[str, int | None], dict[int, torch.Tensor | float]] = {}
-            for i, (_, hook, head) in enumerate(group):
-                value = 0.0 if means is None else means[hook][:n_pos] if head is None else means[hook][:n_pos, head]
-                hooks.setdefault((hook, head), {})[i] = value
-            tokens = batch.tokens.repeat(len(group) + 1, 1)
-            logits = model.run_with_hooks(tokens, fwd_hooks=[(hook, _ablated_copies(values, head, size))
-                                                             for (hook, head), values in hooks.items()])
-            if start == 0:
-                add("clean", logits[:size], batch)
-            for i, (label, _, _) in enumerate(group):
-                add(label, logits[(i + 1) * size:(i + 2) * size], batch)
+    per_pass = max(1, max_rows // size - 1)
+    for start in range(0, len(comps), per_pass):
+        group = comps[start:start + per_pass]
+        hooks: dict[tuple[str, int | None], dict[int, torch.Tensor | float]] = {}
+        for i, (_, hook, head) in enumerate(group):
+            value = 0.0 if means is None else means[hook][:n_pos] if head is None else means[hook][:n_pos, head]
+            hooks.setdefault((hook, head), {})[i] = value
+        copies = len(group) + 1
+        logits = model.run_with_hooks(joined.tokens.repeat(copies, 1),
+                                      fwd_hooks=[(hook, _ablated_copies(values, head, size))
+                                                 for (hook, head), values in hooks.items()],
+                                      **mask_kwargs(None if mask is None else mask.repeat(copies, 1), device))
+        if start == 0:
+            add("clean", logits[:size])
+        for i, (label, _, _) in enumerate(group):
+            add(label, logits[(i + 1) * size:(i + 2) * size])
     return {label: {"loss": s / n, "acc": a / n} for label, (s, a, n) in totals.items()}
 
 
@@ -164,12 +184,12 @@ KEYS = KeyFamilies(
 
 @register_probe("ablation", applies_to=_applies, default=lambda task: hasattr(task, "program"), keys=KEYS)
 def ablation_probe(model, task: Task, mode: str = "mean", threshold: float = 0.1,
-                   per_length: int | None = 64, mean_over: int | None = 1024) -> dict[str, Any]:
+                   sample: int | None = 64, mean_over: int | None = 256) -> dict[str, Any]:
     """Options: mode ("mean" or "zero"), threshold (accuracy drop that makes a component
-    necessary), per_length (held-out sequences of each length that are ablated, spread
-    evenly over them; null: all), mean_over (held-out sequences the means are estimated
-    from, every length in proportion; null: all). Default for RASP tasks; on request for the others."""
-    scores = ablation_scores(model, task, mode, per_length, mean_over)
+    necessary), sample (held-out sequences that are ablated, every length in
+    proportion; null: all), mean_over (held-out sequences the means are estimated from,
+    drawn the same way; null: all). Default for RASP tasks; on request for the others."""
+    scores = ablation_scores(model, task, mode, sample, mean_over)
     clean = scores.pop("clean")
     out: dict[str, Any] = {}
     for label, s in scores.items():

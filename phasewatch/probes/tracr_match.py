@@ -55,7 +55,7 @@ from torch import Tensor
 
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
-from phasewatch.tasks.base import Batch, ConfigError, Task
+from phasewatch.tasks.base import Batch, ConfigError, Task, mask_kwargs, padded
 
 _REFERENCES: dict[tuple, tuple] = {}
 _BASELINES: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[str, float]]]" = weakref.WeakKeyDictionary()
@@ -73,25 +73,31 @@ def pattern_overlap(a: Float[Tensor, "... q k"], s: Float[Tensor, "... q k"]) ->
 
 def linear_cka(x: Float[Tensor, "n d1"], y: Float[Tensor, "n d2"]) -> float:
     """Linear CKA of two representations of the same n rows (columns centred here)."""
-    x = (x - x.mean(0)).double()
-    y = (y - y.mean(0)).double()
-    denom = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
+    (x, nx), (y, ny) = centred(x), centred(y)
+    denom = nx * ny
     return float(torch.linalg.matrix_norm(y.T @ x) ** 2 / denom) if denom > 0 else 0.0
 
 
-def cka_matrix(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
-    """`linear_cka(x, y)` for every x of `xs` (rows) and y of `ys` (columns), each
-    representation centred and its Gram norm computed once."""
-    def prepared(t: Tensor) -> tuple[Tensor, Tensor]:
-        t = (t - t.mean(0)).double()
-        return t, torch.linalg.matrix_norm(t.T @ t)
+def centred(t: Tensor) -> tuple[Tensor, Tensor]:
+    """A representation's columns centred (float64) and the Frobenius norm of its Gram matrix:
+    what linear CKA needs of each side, computed once per representation."""
+    t = (t - t.mean(0)).double()
+    return t, torch.linalg.matrix_norm(t.T @ t)
 
-    px, py = [prepared(x) for x in xs], [prepared(y) for y in ys]
-    out = torch.zeros(len(xs), len(ys), dtype=torch.float64)
+
+def cka_matrix(xs: list[Tensor], ys: list[Tensor] | None = None,
+               prepared_ys: list[tuple[Tensor, Tensor]] | None = None) -> Tensor:
+    """`linear_cka(x, y)` for every x of `xs` (rows) and y of `ys` (columns); `prepared_ys`
+    (`centred` of each y) in place of `ys` when they are kept from an earlier call."""
+    px, py = [centred(x) for x in xs], prepared_ys or [centred(y) for y in ys]
+    joined = torch.cat([y for y, _ in py], 1)  # every y's columns side by side: one product per x
+    widths = [y.shape[1] for y, _ in py]
+    y_norms = torch.stack([n for _, n in py])
+    out = torch.zeros(len(xs), len(py), dtype=torch.float64)
     for i, (x, nx) in enumerate(px):
-        for j, (y, ny) in enumerate(py):
-            if nx * ny > 0:
-                out[i, j] = torch.linalg.matrix_norm(y.T @ x) ** 2 / (nx * ny)
+        cross = torch.stack([part.square().sum() for part in (joined.T @ x).split(widths)])
+        denom = nx * y_norms
+        out[i] = torch.where(denom > 0, cross / denom.clamp_min(1e-300), torch.zeros_like(cross))
     return out
 
 
@@ -106,7 +112,10 @@ def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Ten
     """Held-out accuracy of a ridge least-squares linear classifier (one-hot targets,
     standardised features, a bias). Cheap, but it underestimates what is linearly
     decodable: a class between two others along a direction never gets the largest score."""
-    a, test = _standardised(x_train, x_test)
+    return _lstsq(*_standardised(x_train, x_test), y_train, y_test, ridge)
+
+
+def _lstsq(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
     gram = a.T @ a
@@ -121,7 +130,11 @@ def lda_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test:
     means, the pooled within-class covariance shrunk by `shrinkage` towards its mean
     variance plus 1e-6, class priors from the training set): a linear classifier that,
     unlike a least-squares fit to one-hot targets, can single out a class between two others."""
-    a, test = (x[:, :-1] for x in _standardised(x_train, x_test))
+    return _lda(*_standardised(x_train, x_test), y_train, y_test, shrinkage)
+
+
+def _lda(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, shrinkage: float = 1e-3) -> float:
+    a, test = a[:, :-1], test[:, :-1]  # LDA's bias comes from the class means
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     counts = torch.bincount(y_train, minlength=n_classes).double()
     present = counts > 0
@@ -141,7 +154,10 @@ def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_
     bias, an L2 penalty of `l2` per weight): the maximum-likelihood linear classifier.
     Fitted by Newton's method with backtracking, until the loss changes by less than 1e-9
     of itself (at most `max_iter` steps); about a hundred times the cost of the others."""
-    a, test = _standardised(x_train, x_test)
+    return _logistic(*_standardised(x_train, x_test), y_train, y_test, l2, max_iter)
+
+
+def _logistic(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: float = 1e-4, max_iter: int = 50) -> float:
     n, d = a.shape
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
@@ -173,7 +189,8 @@ def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_
     return float((test @ w).argmax(-1).eq(y_test).double().mean())
 
 
-CLASSIFIERS = {"lda": lda_probe_accuracy, "logistic": logistic_probe_accuracy, "lstsq": probe_accuracy}
+#: each classifier's fit and held-out accuracy on features `_standardised` (with its bias column)
+CLASSIFIERS = {"lda": _lda, "logistic": _logistic, "lstsq": _lstsq}
 
 
 # --- data ----------------------------------------------------------------------------
@@ -218,28 +235,45 @@ def site_name(hook: str) -> str:
     return f"{kind.removeprefix('hook_')}{layer}"
 
 
-def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor]]:
+def _run(model, batches: list[Batch], sites: list[str], one_pass: bool = True
+         ) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor]]:
     """Per length: argmax predictions [batch, pos] and patterns [batch, layer, head, q, k];
     residual activations at the input positions, rows = input x position, all lengths.
-    The model runs on its own device; what it returns comes back to the CPU, where the
-    compiled reference and the labels live."""
+    One forward pass of all lengths padded to the longest (`padded`; a pass per length
+    when not `one_pass`: a compiled reference, run once per process). The model runs on its
+    own device; what it returns comes back to the CPU, where the compiled reference and the
+    labels live."""
     predictions, patterns, resid = [], [], {s: [] for s in sites}
     wanted = set(sites) | {f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)}
     device = next(model.parameters()).device
-    for batch in batches:
-        logits, cache = model.run_with_cache(batch.tokens.to(device), names_filter=lambda name: name in wanted)
-        predictions.append(logits.argmax(-1).cpu())
-        patterns.append(torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.cfg.n_layers)],
-                                    1).double().cpu())
+
+    def passes():  # (logits, cache, rows of this length, its width)
+        if one_pass:
+            joined, mask = padded(batches)
+            logits, cache = model.run_with_cache(joined.tokens.to(device), names_filter=lambda name: name in wanted,
+                                                 **mask_kwargs(mask, device))
+            start = 0
+            for batch in batches:
+                yield logits, cache, slice(start, start + len(batch)), batch.tokens.shape[1]
+                start += len(batch)
+        else:
+            for batch in batches:
+                logits, cache = model.run_with_cache(batch.tokens.to(device), names_filter=lambda name: name in wanted)
+                yield logits, cache, slice(None), batch.tokens.shape[1]
+
+    for logits, cache, rows, n in passes():
+        predictions.append(logits[rows, :n].argmax(-1).cpu())
+        patterns.append(torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][rows, :, :n, :n]
+                                     for layer in range(model.cfg.n_layers)], 1).double().cpu())
         for s in sites:
-            resid[s].append(cache[s][:, 1:].reshape(-1, cache[s].shape[-1]).cpu())
+            resid[s].append(cache[s][rows, 1:n].reshape(-1, cache[s].shape[-1]).cpu())
     return predictions, patterns, {s: torch.cat(v) for s, v in resid.items()}
 
 
-def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor]]:
-    """`_run` of a compiled reference on these inputs, once per process: its weights never
-    change, so every probe of a run after the first reuses it (keyed by the reference and
-    the inputs themselves)."""
+def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor], list]:
+    """`_run` of a compiled reference on these inputs, and its residual sites `centred` for
+    CKA, once per process: its weights never change, so every probe of a run after the
+    first reuses them (keyed by the reference and the inputs themselves)."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -248,7 +282,8 @@ def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[T
         digest.update(batch.tokens.cpu().numpy().tobytes())
     key = (id(reference), digest.hexdigest())
     if key not in _REFERENCE_RUNS:
-        _REFERENCE_RUNS[key] = _run(reference, batches, residual_sites(reference))
+        preds, patterns, resid = _run(reference, batches, residual_sites(reference), one_pass=False)
+        _REFERENCE_RUNS[key] = preds, patterns, resid, [centred(resid[s]) for s in residual_sites(reference)]
     return _REFERENCE_RUNS[key]
 
 
@@ -298,11 +333,12 @@ def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], 
         test_rows.append(rows[1::2].flatten())
         start += size * n
     train, test = torch.cat(train_rows), torch.cat(test_rows)
+    ys = {name: torch.cat([t.flatten() for t in per_length]) for name, per_length in labels.items()}
     out = {}
-    for name, per_length in labels.items():
-        y = torch.cat([t.flatten() for t in per_length])
-        for site, x in resid.items():
-            accuracy = fit(x[train], y[train], x[test], y[test], **({"ridge": ridge} if classifier == "lstsq" else {}))
+    for site, x in resid.items():
+        features = _standardised(x[train], x[test])  # once per site, for every variable
+        for name, y in ys.items():
+            accuracy = fit(*features, y[train], y[test], **({"ridge": ridge} if classifier == "lstsq" else {}))
             out[f"{name}/{site_name(site)}"] = accuracy
     return out
 
@@ -338,7 +374,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
     batches = comparison_batches(task, per_length)
     sites, ref_sites = residual_sites(model), residual_sites(reference)
     preds, patterns, resid = _run(model, batches, sites)
-    ref_preds, ref_patterns, ref_resid = reference_run(reference, batches)  # references are kept: the id is theirs
+    ref_preds, ref_patterns, _, ref_centred = reference_run(reference, batches)  # references are kept: the id is theirs
     out: dict[str, Any] = {}
 
     per_len = []
@@ -389,7 +425,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
         for key, value in per_initial[options].items():
             out[f"tracr/probe_baseline/{key}"] = value
 
-    matrix = cka_matrix([resid[s] for s in sites], [ref_resid[r] for r in ref_sites]).float()
+    matrix = cka_matrix([resid[s] for s in sites], prepared_ys=ref_centred).float()
     for s, row in zip(sites, matrix):
         out[f"tracr/cka/{site_name(s)}"] = float(row.max())
     out["cka"] = matrix

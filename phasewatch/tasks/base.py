@@ -68,6 +68,36 @@ class Batch:
                      {k: v.pin_memory() for k, v in self.extras.items()})
 
 
+def padded(batches: list[Batch]) -> tuple[Batch, Tensor | None]:
+    """The batches as one, their sequences padded at the end to the longest, and the
+    attention mask [batch, pos] (1 for a real position) that keeps a padded position out of
+    every real one's attention; None when all have one length (nothing padded). Padded
+    positions carry no loss and token 0; 2-d extras are padded with zeros, 1-d ones joined.
+    One forward pass over it gives every sequence what a pass of its own batch gives (up to
+    float rounding), which costs far less than one pass per length (a RASP task's held-out
+    set holds one batch per length)."""
+    width = max(b.tokens.shape[1] for b in batches)
+    if all(b.tokens.shape[1] == width for b in batches):
+        return (batches[0] if len(batches) == 1 else Batch(
+            torch.cat([b.tokens for b in batches]), torch.cat([b.targets for b in batches]),
+            torch.cat([b.loss_mask for b in batches]),
+            {k: torch.cat([b.extras[k] for b in batches]) for k in batches[0].extras})), None
+
+    def pad(t: Tensor) -> Tensor:
+        return F.pad(t, (0, width - t.shape[1])) if t.dim() == 2 else t
+
+    joined = Batch(torch.cat([pad(b.tokens) for b in batches]), torch.cat([pad(b.targets) for b in batches]),
+                   torch.cat([pad(b.loss_mask) for b in batches]),
+                   {k: torch.cat([pad(b.extras[k]) for b in batches]) for k in batches[0].extras})
+    mask = torch.cat([pad(torch.ones_like(b.tokens)) for b in batches])
+    return joined, mask
+
+
+def mask_kwargs(mask: Tensor | None, device: torch.device | str) -> dict[str, Tensor]:
+    """The forward pass's keyword for `padded`'s attention mask (none when nothing is padded)."""
+    return {} if mask is None else {"attention_mask": mask.to(device)}
+
+
 def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
     """A CPU generator whose state depends only on (seed, step, stream).
 

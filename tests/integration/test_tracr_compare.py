@@ -133,13 +133,40 @@ def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode):
             expected[label] = (loss_sum / count, acc_sum / count)
     # all held-out inputs; a row budget that splits the components over several passes
     for max_rows in (16384, 3 * max(len(b) for b in batches)):
-        got = ablation_scores(model, task, mode, per_length=None, mean_over=None, max_rows=max_rows)
+        got = ablation_scores(model, task, mode, sample=None, mean_over=None, max_rows=max_rows)
         assert set(got) == set(expected)
         for label, (loss, acc) in expected.items():
             assert got[label]["loss"] == pytest.approx(loss, rel=1e-5) and got[label]["acc"] == pytest.approx(acc)
     # a subsample: fewer inputs, the same components
-    sub = ablation_scores(model, task, mode, per_length=4, mean_over=None)
+    sub = ablation_scores(model, task, mode, sample=12, mean_over=None)
     assert set(sub) == set(expected) and sub["clean"]["loss"] != pytest.approx(expected["clean"][0], rel=1e-9)
+
+
+def test_a_sample_weighs_each_length_as_the_whole_held_out_set_does(task):
+    """A sample of a sixth of the held-out set, every length in proportion and at least one
+    of each: a sampled input stands for as many as its length has per sampled one, so the
+    estimate is each length's sum scaled up to its share of the whole set (computed here
+    batch by batch, without padding)."""
+    from phasewatch.probes.ablation import ablation_scores, proportional_sample
+    from phasewatch.tasks.base import masked_loss_and_acc
+
+    model = build_model(ModelConfig(attention="bidirectional", seed=6), task).eval()
+    batches = [b for b, g in zip(task.val_batches(), task.val_groups()) if g == "val"]
+    total = sum(len(b) for b in batches)
+    drawn = proportional_sample(batches, total // 6)
+    weights = [len(b) / len(d) for b, d in zip(batches, drawn)]
+    assert len(set(weights)) > 1  # rounding (at least one of each length) makes them unequal
+    loss_sum = acc_sum = count = 0.0
+    with torch.no_grad():
+        for d, w in zip(drawn, weights):
+            loss, acc = masked_loss_and_acc(model(d.tokens), d, torch.float64)
+            n = int(d.loss_mask.sum())
+            loss_sum, acc_sum, count = loss_sum + w * float(loss) * n, acc_sum + w * float(acc) * n, count + w * n
+        got = ablation_scores(model, task, "zero", sample=total // 6, mean_over=None)["clean"]
+        whole = ablation_scores(model, task, "zero", sample=None, mean_over=None)["clean"]
+    assert got["loss"] == pytest.approx(loss_sum / count, rel=1e-6) and got["acc"] == pytest.approx(acc_sum / count)
+    # the unweighted mean of the sample would overweight the short lengths; the estimate is near the whole set's
+    assert abs(got["loss"] - whole["loss"]) < 0.1 * whole["loss"]
 
 
 def test_ablation_means_from_a_proportional_sample(task):

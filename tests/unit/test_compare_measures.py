@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from phasewatch.probes.tracr_match import cka_matrix, linear_cka, pattern_overlap, probe_accuracy, site_name
+from phasewatch.probes.tracr_match import centred, cka_matrix, linear_cka, pattern_overlap, probe_accuracy, site_name
 
 
 def test_pattern_overlap_is_one_for_equal_patterns_and_the_target_mass_for_one_hot():
@@ -57,3 +57,5 @@ def test_the_cka_matrix_holds_linear_cka_of_every_pair():
     for i, x in enumerate(xs):
         for j, y in enumerate(ys):
             assert float(matrix[i, j]) == pytest.approx(linear_cka(x, y), abs=1e-12)
+    # the tracr probe keeps the compiled side centred once per run
+    assert torch.equal(cka_matrix(xs, prepared_ys=[centred(y) for y in ys]), matrix)

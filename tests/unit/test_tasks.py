@@ -226,3 +226,17 @@ def test_rasp_bad_input():
         make_task("rasp", program="sort", vocab=["a", "b"])
     with pytest.raises(ConfigError, match="min_seq_len"):
         make_task("rasp", min_seq_len=7, max_seq_len=5)
+
+
+def test_padded_joins_batches_of_different_lengths_with_a_mask_and_no_loss_on_the_padding():
+    from phasewatch.tasks.base import Batch, padded
+
+    short = Batch(torch.tensor([[5, 1]]), torch.tensor([[0, 2]]), torch.tensor([[False, True]]), {"length": torch.tensor([1])})
+    long = Batch(torch.tensor([[5, 1, 2], [5, 2, 2]]), torch.tensor([[0, 3, 3], [0, 1, 1]]),
+                 torch.tensor([[False, True, True]] * 2), {"length": torch.tensor([2, 2])})
+    joined, mask = padded([short, long])
+    assert joined.tokens.tolist() == [[5, 1, 0], [5, 1, 2], [5, 2, 2]]
+    assert joined.loss_mask.tolist() == [[False, True, False], [False, True, True], [False, True, True]]
+    assert mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 1, 1]] and joined.extras["length"].tolist() == [1, 2, 2]
+    same, none = padded([long, long])
+    assert none is None and same.tokens.shape == (4, 3)

@@ -4,7 +4,7 @@ encoding is decodable by LDA and logistic probes and not by a least-squares one.
 import pytest
 import torch
 
-from phasewatch.probes.tracr_match import CLASSIFIERS, lda_probe_accuracy, logistic_probe_accuracy, probe_accuracy
+from phasewatch.probes.tracr_match import CLASSIFIERS, _standardised, lda_probe_accuracy, logistic_probe_accuracy, probe_accuracy
 
 
 def _length_from_bos_share(n_max: int = 6, repeats: int = 40):
@@ -24,7 +24,7 @@ def test_a_middle_class_of_a_scalar_code_is_read_by_lda_and_logistic_probes_only
     assert lstsq < 0.7  # a linear fit of one-hot targets picks only the extreme classes of one direction
 
 
-@pytest.mark.parametrize("classifier", list(CLASSIFIERS.values()))
+@pytest.mark.parametrize("classifier", [lda_probe_accuracy, logistic_probe_accuracy, probe_accuracy])
 def test_one_hot_codes_are_read_exactly_and_noise_at_chance(classifier):
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 4, (400,), generator=g)
@@ -42,3 +42,14 @@ def test_a_signal_along_one_direction_among_noise_is_read_better_without_masking
     args = x[:600], y[:600], x[600:], y[600:]
     assert lda_probe_accuracy(*args) > 0.9 and logistic_probe_accuracy(*args) > 0.9
     assert probe_accuracy(*args) < 0.7
+
+
+@pytest.mark.parametrize("name", list(CLASSIFIERS))
+def test_the_probe_classifiers_on_standardised_features_are_the_public_ones(name):
+    """variable_probes standardises each site once and fits every variable with CLASSIFIERS."""
+    public = {"lda": lda_probe_accuracy, "logistic": logistic_probe_accuracy, "lstsq": probe_accuracy}[name]
+    g = torch.Generator().manual_seed(2)
+    y = torch.randint(0, 3, (300,), generator=g)
+    x = torch.randn(300, 6, generator=g, dtype=torch.float64) + y[:, None] * torch.randn(1, 6, generator=g, dtype=torch.float64)
+    got = CLASSIFIERS[name](*_standardised(x[:150], x[150:]), y[:150], y[150:])
+    assert 0.5 < got == public(x[:150], y[:150], x[150:], y[150:])
