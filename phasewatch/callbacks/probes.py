@@ -5,7 +5,10 @@ schedule (log-spaced by default) at the start of the step, when the weights are 
 after `step` updates and everything earlier has been logged; cheap probes also run at
 every validation. While the transition watcher has an onset pending (adaptive resolution,
 callbacks/transitions.py), the probes of the shared schedule, cheap ones included, also run
-at the steps of its dense grid; probes on a schedule of their own (the LLC: costly) keep it. Scalars go to every logger under the step; arrays are saved in the run
+at the steps of its dense grid, within a budget: such an extra run happens only while the
+probes' time so far, with this run, stays within `budget` (10%) of the run's other time so
+far (the probes' cost is measured as the run goes: their first run, which compiles and
+caches, is not counted). Probes on a schedule of their own (the LLC: costly) keep it. Scalars go to every logger under the step; arrays are saved in the run
 folder (`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
 key frequencies, the induction / previous-token heads, the composing head pairs) are
 followed over time (`history`), printed when they change ("when did the induction circuit
@@ -17,6 +20,7 @@ step 0, which checkpoints also keep.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import lightning.pytorch as pl
@@ -28,6 +32,7 @@ from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_now
 from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.probes.keys import is_tracked
+from phasewatch.errors import require
 from phasewatch.rundir import RunFolder, is_number
 
 
@@ -43,12 +48,20 @@ class ProbeRunner(pl.Callback):
     schedules: a schedule of its own for some probes, e.g. {"llc": {"kind": "log", "count": 20}}
         for a costly one (a probe that names a default schedule of its own, like llc's 24
         log-spaced steps, keeps it unless given one here).
+    budget: the most time that the extra runs of adaptive resolution may bring the probes to,
+        as a share of the run's other wall time so far (training, validation, logging,
+        checkpoints); null: no bound. Runs on the schedule and at validations always happen.
     """
 
     def __init__(self, names: list[str] | None = None, schedule: Schedule = Schedule(kind="log", count=60),
                  every_validation: bool = True, options: dict[str, dict] | None = None,
-                 schedules: dict[str, Schedule] | None = None):
+                 schedules: dict[str, Schedule] | None = None, budget: float | None = 0.1):
         self.names, self.schedule, self.every_validation = names, schedule.validate("probes.schedule"), every_validation
+        if budget is not None:
+            require(is_number(budget) and budget >= 0, "probes.budget", f"{budget!r} is not a share of training time",
+                    "Give a number >= 0, e.g. 0.1 for 10%, or null for no bound.")
+        self.budget = budget
+        self.clock = ProbeClock()
         for name in names or []:
             get_probe(name)  # imports plug-ins named by a dotted name, whose options are checked next
         self.options = check_options(options or {}, "probes.options")
@@ -77,7 +90,8 @@ class ProbeRunner(pl.Callback):
     def _scheduled(self, trainer: pl.Trainer) -> list:
         """The probes due at this step: those on their own schedule when it has the step,
         the others when the shared schedule has it. Cheap probes that run at every
-        validation join only at step 0, the initial-weights baseline."""
+        validation join only at step 0, the initial-weights baseline. Adaptive resolution
+        adds the others at the steps of its dense grid, as long as the budget allows."""
         step = trainer.global_step
         dense = dense_now(trainer)
         due = []
@@ -86,17 +100,31 @@ class ProbeRunner(pl.Callback):
                 if step in self._own_steps[p.name]:
                     due.append(p)
             elif p.cheap and self.every_validation:
-                if (step == 0 or dense) and self._validated_at != step:
+                if step == 0 and self._validated_at != step:
                     due.append(p)
-            elif step in self._steps or dense:
+                elif dense and self._validated_at != step and self.clock.allows(p.name, self.budget):
+                    due.append(p)
+            elif step in self._steps:
+                due.append(p)
+            elif dense and self.clock.allows(p.name, self.budget):
                 due.append(p)
         return due
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.clock.start()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._run(trainer, pl_module, self._scheduled(trainer))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._run(trainer, pl_module, self._scheduled(trainer))  # the last step has no next batch
+        if self.clock.refused:
+            member = getattr(trainer, "member", None)
+            print(f"phasewatch: {member + ': ' if member else ''}adaptive resolution left out "
+                  f"{sum(self.clock.refused.values())} extra probe runs "
+                  f"({', '.join(f'{k} {v}' for k, v in sorted(self.clock.refused.items()))}) to keep the probes "
+                  f"within {self.budget:.0%} of training time; they took {self.clock.share():.0%} "
+                  "(--probes.budget)")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn != "fit" or trainer.sanity_checking:
@@ -111,7 +139,8 @@ class ProbeRunner(pl.Callback):
         if not probes:
             return
         step = trainer.global_step
-        results = measure(pl_module.model, pl_module.task, probes, self.options, self._initial_model(pl_module, step))
+        results = measure(pl_module.model, pl_module.task, probes, self.options, self._initial_model(pl_module, step),
+                          self.clock)
         scalars = record_results(results, run_folder(trainer), step)
         for values in results.values():
             for key, value in values.items():
@@ -162,17 +191,76 @@ def frozen_copy(model):
     return frozen
 
 
-def measure(model, task, probes: list, options: dict[str, dict], initial=None) -> dict[str, dict[str, Any]]:
+def measure(model, task, probes: list, options: dict[str, dict], initial=None,
+            clock: "ProbeClock | None" = None) -> dict[str, dict[str, Any]]:
     """Each probe's values on the model (in eval mode, without gradients; its mode is
-    restored afterwards). Probes that want the run's step-0 model get `initial`."""
+    restored afterwards). Probes that want the run's step-0 model get `initial`. Each
+    probe's time goes to `clock` when given."""
     was_training = model.training
     model.eval()
+    out = {}
     try:
         with torch.no_grad():
-            return {p.name: p(model, task, **options.get(p.name, {}), **({"initial": initial} if p.initial else {}))
-                    for p in probes}
+            for p in probes:
+                started = time.perf_counter()
+                out[p.name] = p(model, task, **options.get(p.name, {}), **({"initial": initial} if p.initial else {}))
+                if clock is not None:
+                    clock.record(p.name, time.perf_counter() - started)
+        return out
     finally:
         model.train(was_training)
+
+
+class ProbeClock:
+    """What the probes cost in this process, as the run goes: the wall time of each probe's
+    runs, apart from the run's other time (training, validation, logging, checkpoints).
+    A probe's first run is setup (a compiled reference, caches, the initial-weights
+    baseline) and counted in neither. The clocks of one process share their probe time
+    (a population's members: their probes run one after another in one training loop)."""
+
+    _probe_seconds = 0.0  # every clock of the process: probe runs after the first
+    _setup_seconds = 0.0  # and first runs
+
+    def __init__(self):
+        self.cost: dict[str, float] = {}  # each probe's last run after the first (seconds)
+        self.refused: dict[str, int] = {}  # extra runs left out for the budget
+        self._seen: set[str] = set()
+        self._started: tuple[float, float, float] | None = None
+
+    def start(self) -> None:
+        self._started = (time.perf_counter(), ProbeClock._probe_seconds, ProbeClock._setup_seconds)
+
+    def record(self, name: str, seconds: float) -> None:
+        if name in self._seen:
+            ProbeClock._probe_seconds += seconds
+            self.cost[name] = seconds
+        else:
+            self._seen.add(name)
+            ProbeClock._setup_seconds += seconds
+
+    def spent(self) -> tuple[float, float]:
+        """(probe seconds, other seconds) since `start`."""
+        if self._started is None:
+            return 0.0, 0.0
+        t0, probe0, setup0 = self._started
+        probe, setup = ProbeClock._probe_seconds - probe0, ProbeClock._setup_seconds - setup0
+        return probe, max(0.0, time.perf_counter() - t0 - probe - setup)
+
+    def share(self) -> float:
+        probe, other = self.spent()
+        return probe / other if other > 0 else 0.0
+
+    def allows(self, name: str, budget: float | None) -> bool:
+        """Whether an extra run of probe `name` keeps the probes within `budget` of the
+        other time so far (always when there is no budget, or nothing is known of its cost
+        yet); counts the runs it refuses."""
+        if budget is None or name not in self.cost or self._started is None:
+            return True
+        probe, other = self.spent()
+        if probe + self.cost[name] <= budget * other:
+            return True
+        self.refused[name] = self.refused.get(name, 0) + 1
+        return False
 
 
 def record_results(results: dict[str, dict[str, Any]], folder: RunFolder, step: int) -> dict[str, float]:

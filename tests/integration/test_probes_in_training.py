@@ -58,6 +58,25 @@ def test_options_for_a_misspelt_probe_are_refused_not_ignored(tmp_path, capsys):
     assert not (tmp_path / "a").exists()
 
 
+def test_a_probe_budget_of_nothing_keeps_the_probes_on_their_schedule_and_says_so(tmp_path, capsys):
+    """Adaptive resolution still adds checkpoints on its dense grid; with --probes.budget 0
+    no probe runs there (every probe's cost is known after its first runs on the schedule)."""
+    from phasewatch.callbacks.schedule import Schedule
+
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--data.task.p", "11",
+                 "--trainer.max_steps", "300", "--trainer.val_check_interval", "10",
+                 "--model.weight_decay", "0.1", "--model.arch.d_model", "32", "--model.arch.d_mlp", "64",
+                 "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
+                 "--transitions.every_n_validations", "3", "--probes.budget", "0", "--no_wandb"]) == 0
+    scheduled = set(Schedule(kind="log", count=60).resolve(300))
+    extra = {int(p.stem.split("=")[1]) for p in (run / "checkpoints").glob("step=*.ckpt")} - scheduled
+    probed = {r["step"] for r in read_jsonl(run / "metrics.jsonl") if "grok/restricted_loss" in r}
+    assert extra and probed == scheduled
+    out = capsys.readouterr().out
+    assert "adaptive resolution left out" in out and "grokking" in out and "within 0% of training time" in out
+
+
 def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
@@ -65,7 +84,7 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
                  "--trainer.max_steps", "300", "--trainer.val_check_interval", "10",
                  "--model.weight_decay", "0.1", "--model.arch.d_model", "32", "--model.arch.d_mlp", "64",
                  "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
-                 "--transitions.every_n_validations", "3"]) == 0
+                 "--transitions.every_n_validations", "3", "--probes.budget", "null"]) == 0
     everything = list(read_jsonl(run / "events.jsonl"))
     fields = {"onset": {"metric", "direction", "onset", "detected_at", "stage", "snr", "confidence"},
               "withdrawn": {"metric", "direction", "onset", "detected_at", "stage", "reason"},

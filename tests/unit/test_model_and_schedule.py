@@ -90,3 +90,41 @@ def test_schedules():
         Schedule(kind="linear").validate()
     with pytest.raises(ConfigError, match="max_steps"):
         Schedule().resolve(-1)
+
+
+def test_the_probe_budget_admits_an_extra_run_only_while_the_probes_stay_within_their_share(monkeypatch):
+    """ProbeClock on a hand-set clock: a probe's first run is setup; an extra run is allowed
+    while the probe seconds so far plus its last cost stay within budget x the other seconds."""
+    import phasewatch.callbacks.probes as probes
+
+    now = [100.0]
+    monkeypatch.setattr(probes.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(probes.ProbeClock, "_probe_seconds", 0.0)
+    monkeypatch.setattr(probes.ProbeClock, "_setup_seconds", 0.0)
+    clock = probes.ProbeClock()
+    assert clock.allows("a", 0.1)  # not started: nothing to compare with
+    clock.start()
+    clock.record("a", 1.0)  # the first run: setup, counted in neither
+    assert clock.allows("a", 0.1) and clock.spent() == (0.0, 0.0)  # its cost is not known yet
+    clock.record("a", 0.5)
+    now[0] = 110.0  # 10 s: 1 s setup, 0.5 s probe, 8.5 s the rest
+    assert clock.spent() == (0.5, 8.5)
+    assert not clock.allows("a", 0.1)  # 0.5 + 0.5 > 0.85
+    assert clock.allows("a", 0.2) and clock.allows("a", None) and clock.allows("b", 0.1)
+    now[0] = 120.0
+    assert clock.allows("a", 0.1)  # 1.0 <= 1.85
+    assert clock.refused == {"a": 1} and clock.share() == pytest.approx(0.5 / 18.5)
+    # a second clock of the process (a population's next member) sees the first's probe time
+    other = probes.ProbeClock()
+    other.start()
+    clock.record("a", 2.0)
+    now[0] = 124.0  # 4 s since the second clock started, 2 of them in a probe of the first
+    assert other.spent() == (2.0, 2.0)
+
+
+@pytest.mark.parametrize("budget", [-0.1, "much"])
+def test_a_bad_probe_budget_names_the_field(budget):
+    from phasewatch.callbacks.probes import ProbeRunner
+
+    with pytest.raises(ConfigError, match="probes.budget"):
+        ProbeRunner(budget=budget)
