@@ -118,13 +118,13 @@ class ProbeRunner(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._run(trainer, pl_module, self._scheduled(trainer))  # the last step has no next batch
-        if self.clock.refused:
+        if self.clock.extra or self.clock.refused:
             member = getattr(trainer, "member", None)
-            print(f"phasewatch: {member + ': ' if member else ''}adaptive resolution left out "
-                  f"{sum(self.clock.refused.values())} extra probe runs "
-                  f"({', '.join(f'{k} {v}' for k, v in sorted(self.clock.refused.items()))}) to keep the probes "
-                  f"within {self.budget:.0%} of training time; they took {self.clock.share():.0%} "
-                  "(--probes.budget)")
+            left = (f", left out {sum(self.clock.refused.values())} "
+                    f"({', '.join(f'{k} {v}' for k, v in sorted(self.clock.refused.items()))}) to stay within "
+                    f"{self.budget:.0%} of training time (--probes.budget)") if self.clock.refused else ""
+            print(f"phasewatch: {member + ': ' if member else ''}probes took {self.clock.share():.1%} of the run's "
+                  f"other time; adaptive resolution added {self.clock.extra} probe runs{left}")
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn != "fit" or trainer.sanity_checking:
@@ -224,6 +224,7 @@ class ProbeClock:
     def __init__(self):
         self.cost: dict[str, float] = {}  # each probe's last run after the first (seconds)
         self.refused: dict[str, int] = {}  # extra runs left out for the budget
+        self.extra = 0  # extra runs allowed
         self._seen: set[str] = set()
         self._started: tuple[float, float, float] | None = None
 
@@ -253,11 +254,13 @@ class ProbeClock:
     def allows(self, name: str, budget: float | None) -> bool:
         """Whether an extra run of probe `name` keeps the probes within `budget` of the
         other time so far (always when there is no budget, or nothing is known of its cost
-        yet); counts the runs it refuses."""
+        yet); counts the runs it allows and refuses."""
         if budget is None or name not in self.cost or self._started is None:
+            self.extra += 1
             return True
         probe, other = self.spent()
         if probe + self.cost[name] <= budget * other:
+            self.extra += 1
             return True
         self.refused[name] = self.refused.get(name, 0) + 1
         return False

@@ -112,10 +112,14 @@ def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Ten
     """Held-out accuracy of a ridge least-squares linear classifier (one-hot targets,
     standardised features, a bias). Cheap, but it underestimates what is linearly
     decodable: a class between two others along a direction never gets the largest score."""
-    return _lstsq(*_standardised(x_train, x_test), y_train, y_test, ridge)
+    return _lstsq(*_standardised(x_train, x_test), [y_train], [y_test], ridge)[0]
 
 
-def _lstsq(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
+def _lstsq(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], ridge: float = 1e-3) -> list[float]:
+    return [_lstsq_one(a, test, y_train, y_test, ridge) for y_train, y_test in zip(y_trains, y_tests)]
+
+
+def _lstsq_one(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, ridge: float) -> float:
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
     gram = a.T @ a
@@ -130,22 +134,26 @@ def lda_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test:
     means, the pooled within-class covariance shrunk by `shrinkage` towards its mean
     variance plus 1e-6, class priors from the training set): a linear classifier that,
     unlike a least-squares fit to one-hot targets, can single out a class between two others."""
-    return _lda(*_standardised(x_train, x_test), y_train, y_test, shrinkage)
+    return _lda(*_standardised(x_train, x_test), [y_train], [y_test], shrinkage)[0]
 
 
-def _lda(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, shrinkage: float = 1e-3) -> float:
+def _lda(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], shrinkage: float = 1e-3) -> list[float]:
+    """LDA for several variables on the same features at once (one batched solve): the
+    within-class scatter of each is the features' Gram matrix less its classes' n_c mu_c mu_c^T."""
     a, test = a[:, :-1], test[:, :-1]  # LDA's bias comes from the class means
-    n_classes = int(max(y_train.max(), y_test.max())) + 1
-    counts = torch.bincount(y_train, minlength=n_classes).double()
+    n_classes = max(int(max(y.max(), t.max())) + 1 for y, t in zip(y_trains, y_tests))
+    onehot = torch.stack([torch.nn.functional.one_hot(y, n_classes) for y in y_trains]).double()  # [var, n, class]
+    counts = onehot.sum(1)  # [var, class]
     present = counts > 0
-    means = torch.zeros(n_classes, a.shape[1], dtype=a.dtype).index_add_(0, y_train, a) / counts.clamp_min(1)[:, None]
-    centred = a - means[y_train]
-    cov = centred.T @ centred / max(1, len(a) - int(present.sum()))
-    cov += (shrinkage * cov.diagonal().mean() + 1e-6) * torch.eye(len(cov), dtype=cov.dtype)
-    weights = torch.linalg.solve(cov, means.T)  # [feature, class]
-    bias = -0.5 * (means * weights.T).sum(-1) + torch.log(counts.clamp_min(1) / counts.sum())
-    scores = (test @ weights + bias).masked_fill(~present, -torch.inf)
-    return float(scores.argmax(-1).eq(y_test).double().mean())
+    means = onehot.transpose(1, 2) @ a / counts.clamp_min(1)[..., None]  # [var, class, feature]
+    scatter = a.T @ a - torch.einsum("vk,vkd,vke->vde", counts, means, means)
+    cov = scatter / (len(a) - present.sum(1)).clamp_min(1)[:, None, None].double()
+    cov = cov + (shrinkage * cov.diagonal(dim1=1, dim2=2).mean(1) + 1e-6)[:, None, None] * torch.eye(
+        a.shape[1], dtype=a.dtype)
+    weights = torch.linalg.solve(cov, means.transpose(1, 2))  # [var, feature, class]
+    bias = -0.5 * (means * weights.transpose(1, 2)).sum(-1) + torch.log(counts.clamp_min(1) / counts.sum(1, keepdim=True))
+    scores = (test @ weights + bias[:, None]).masked_fill(~present[:, None], -torch.inf)
+    return [float(v) for v in scores.argmax(-1).eq(torch.stack(y_tests)).double().mean(1)]
 
 
 def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
@@ -154,10 +162,15 @@ def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_
     bias, an L2 penalty of `l2` per weight): the maximum-likelihood linear classifier.
     Fitted by Newton's method with backtracking, until the loss changes by less than 1e-9
     of itself (at most `max_iter` steps); about a hundred times the cost of the others."""
-    return _logistic(*_standardised(x_train, x_test), y_train, y_test, l2, max_iter)
+    return _logistic(*_standardised(x_train, x_test), [y_train], [y_test], l2, max_iter)[0]
 
 
-def _logistic(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: float = 1e-4, max_iter: int = 50) -> float:
+def _logistic(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], l2: float = 1e-4,
+              max_iter: int = 50) -> list[float]:
+    return [_logistic_one(a, test, y_train, y_test, l2, max_iter) for y_train, y_test in zip(y_trains, y_tests)]
+
+
+def _logistic_one(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: float, max_iter: int) -> float:
     n, d = a.shape
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
@@ -189,7 +202,8 @@ def _logistic(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: floa
     return float((test @ w).argmax(-1).eq(y_test).double().mean())
 
 
-#: each classifier's fit and held-out accuracy on features `_standardised` (with its bias column)
+#: each classifier's fits and held-out accuracies, one per variable, on the same features
+#: `_standardised` (with their bias column)
 CLASSIFIERS = {"lda": _lda, "logistic": _logistic, "lstsq": _lstsq}
 
 
@@ -335,11 +349,10 @@ def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], 
     train, test = torch.cat(train_rows), torch.cat(test_rows)
     ys = {name: torch.cat([t.flatten() for t in per_length]) for name, per_length in labels.items()}
     out = {}
-    for site, x in resid.items():
-        features = _standardised(x[train], x[test])  # once per site, for every variable
-        for name, y in ys.items():
-            accuracy = fit(*features, y[train], y[test], **({"ridge": ridge} if classifier == "lstsq" else {}))
-            out[f"{name}/{site_name(site)}"] = accuracy
+    for site, x in resid.items():  # standardised once per site, every variable fitted on it
+        accuracies = fit(*_standardised(x[train], x[test]), [y[train] for y in ys.values()],
+                         [y[test] for y in ys.values()], **({"ridge": ridge} if classifier == "lstsq" else {}))
+        out.update({f"{name}/{site_name(site)}": acc for name, acc in zip(ys, accuracies)})
     return out
 
 

@@ -114,6 +114,7 @@ def test_the_probe_budget_admits_an_extra_run_only_while_the_probes_stay_within_
     now[0] = 120.0
     assert clock.allows("a", 0.1)  # 1.0 <= 1.85
     assert clock.refused == {"a": 1} and clock.share() == pytest.approx(0.5 / 18.5)
+    assert clock.extra == 6  # the allowed ones above, the unbudgeted and unstarted ones included
     # a second clock of the process (a population's next member) sees the first's probe time
     other = probes.ProbeClock()
     other.start()

@@ -51,5 +51,7 @@ def test_the_probe_classifiers_on_standardised_features_are_the_public_ones(name
     g = torch.Generator().manual_seed(2)
     y = torch.randint(0, 3, (300,), generator=g)
     x = torch.randn(300, 6, generator=g, dtype=torch.float64) + y[:, None] * torch.randn(1, 6, generator=g, dtype=torch.float64)
-    got = CLASSIFIERS[name](*_standardised(x[:150], x[150:]), y[:150], y[150:])
-    assert 0.5 < got == public(x[:150], y[:150], x[150:], y[150:])
+    noise = torch.randint(0, 5, (300,), generator=g)  # a second variable fitted beside it, at chance
+    got = CLASSIFIERS[name](*_standardised(x[:150], x[150:]), [y[:150], noise[:150]], [y[150:], noise[150:]])
+    assert 0.5 < got[0] == pytest.approx(public(x[:150], y[:150], x[150:], y[150:]), abs=1e-12)
+    assert got[1] == pytest.approx(public(x[:150], noise[:150], x[150:], noise[150:]), abs=1e-12) and got[1] < 0.4
