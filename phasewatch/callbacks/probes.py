@@ -8,8 +8,9 @@ callbacks/transitions.py), the probes of the shared schedule, cheap ones include
 at the steps of its dense grid, within a budget: such an extra run happens only while the
 probes' time so far, with this run, stays within `budget` (10%) of the run's other time so
 far (the probes' cost is measured as the run goes: their first run, which compiles and
-caches, is not counted). Probes on a schedule of their own (the LLC: costly) keep it. Scalars go to every logger under the step; arrays are saved in the run
-folder (`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
+caches, is not counted). Probes on a schedule of their own (the LLC: costly) keep it.
+Scalars go to every logger under the step; arrays are saved in the run folder
+(`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
 key frequencies, the induction / previous-token heads, the composing head pairs) are
 followed over time (`history`), printed when they change ("when did the induction circuit
 form, and from which heads?"), and kept in checkpoints so they survive a resume. Probes
@@ -30,9 +31,9 @@ import torch
 from phasewatch.callbacks.loggers import run_folder
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_now
+from phasewatch.errors import require
 from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.probes.keys import is_tracked
-from phasewatch.errors import require
 from phasewatch.rundir import RunFolder, is_number
 
 
