@@ -7,7 +7,7 @@ overhead of the default schedule = probe runs x probe time / (max_steps x step t
 Two counts of runs: the schedule's (shared log-spaced schedule; cheap probes at every
 validation), and the most that adaptive resolution can add (`TransitionWatcher`: every
 step of its dense grid, as if an onset were pending for the whole run), and the bound that
-the probe budget (`--probes.budget`, 10%) sets on the latter: extra runs stop once the
+a probe budget (`--probes.budget 0.1`) sets on the latter: extra runs stop once the
 probes reach the budget's share of the time so far, so a run's probes take at most the
 larger of the schedule's share and the budget (plus one run).
 
@@ -85,7 +85,7 @@ def main() -> int:
     ap.add_argument("--config", nargs="+", default=["configs/quickstart.yaml"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--markdown", action="store_true", help="one table for all configs, with totals")
-    ap.add_argument("--budget", type=float, default=ProbeRunner().budget, help="the probe budget (--probes.budget)")
+    ap.add_argument("--budget", type=float, default=0.1, help="a probe budget (--probes.budget)")
     a = ap.parse_args()
     if a.markdown:
         print("| config | probe | one run | in training steps | runs (schedule) | overhead | runs, adaptive at most "

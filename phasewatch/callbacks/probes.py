@@ -5,10 +5,11 @@ schedule (log-spaced by default) at the start of the step, when the weights are 
 after `step` updates and everything earlier has been logged; cheap probes also run at
 every validation. While the transition watcher has an onset pending (adaptive resolution,
 callbacks/transitions.py), the probes of the shared schedule, cheap ones included, also run
-at the steps of its dense grid, within a budget: such an extra run happens only while the
-probes' time so far, with this run, stays within `budget` (10%) of the run's other time so
-far (the probes' cost is measured as the run goes: their first run, which compiles and
-caches, is not counted). Probes on a schedule of their own (the LLC: costly) keep it.
+at the steps of its dense grid; with a `budget` (e.g. 0.1), such an extra run happens only
+while the probes' time so far, with this run, stays within that share of the run's other
+time so far (the probes' cost is measured as the run goes: their first run, which compiles
+and caches, is not counted). Without one (the default) a run is reproducible: which extra
+steps a budget leaves out depends on how fast the machine is. Probes on a schedule of their own (the LLC: costly) keep it.
 Scalars go to every logger under the step; arrays are saved in the run folder
 (`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
 key frequencies, the induction / previous-token heads, the composing head pairs) are
@@ -51,12 +52,15 @@ class ProbeRunner(pl.Callback):
         log-spaced steps, keeps it unless given one here).
     budget: the most time that the extra runs of adaptive resolution may bring the probes to,
         as a share of the run's other wall time so far (training, validation, logging,
-        checkpoints); null: no bound. Runs on the schedule and at validations always happen.
+        checkpoints), e.g. 0.1; null (the default): no bound. Runs on the schedule and at
+        validations always happen. With a budget, which extra steps get probes depends on the
+        machine's speed: a repeated or resumed run can probe other extra steps (the values
+        at a step do not change), so the default leaves it off.
     """
 
     def __init__(self, names: list[str] | None = None, schedule: Schedule = Schedule(kind="log", count=60),
                  every_validation: bool = True, options: dict[str, dict] | None = None,
-                 schedules: dict[str, Schedule] | None = None, budget: float | None = 0.1):
+                 schedules: dict[str, Schedule] | None = None, budget: float | None = None):
         self.names, self.schedule, self.every_validation = names, schedule.validate("probes.schedule"), every_validation
         if budget is not None:
             require(is_number(budget) and budget >= 0, "probes.budget", f"{budget!r} is not a share of training time",
