@@ -80,8 +80,11 @@ def linear_cka(x: Float[Tensor, "n d1"], y: Float[Tensor, "n d2"]) -> float:
 
 def centred(t: Tensor) -> tuple[Tensor, Tensor]:
     """A representation's columns centred (float64) and the Frobenius norm of its Gram matrix:
-    what linear CKA needs of each side, computed once per representation."""
+    what linear CKA needs of each side, computed once per representation. Columns that are
+    constant (zero once centred) add nothing to either and are dropped: most of a compiled
+    model's residual dimensions at a site are written only later, or never on these inputs."""
     t = (t - t.mean(0)).double()
+    t = t[:, t.abs().amax(0) > 0] if len(t) else t
     return t, torch.linalg.matrix_norm(t.T @ t)
 
 
