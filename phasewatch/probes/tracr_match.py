@@ -47,7 +47,7 @@ a non-causal program, or a program tracr cannot compile.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from jaxtyping import Float
@@ -115,14 +115,10 @@ def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Ten
     """Held-out accuracy of a ridge least-squares linear classifier (one-hot targets,
     standardised features, a bias). Cheap, but it underestimates what is linearly
     decodable: a class between two others along a direction never gets the largest score."""
-    return _lstsq(*_standardised(x_train, x_test), [y_train], [y_test], ridge)[0]
+    return _lstsq(*_standardised(x_train, x_test), y_train, y_test, ridge)
 
 
-def _lstsq(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], ridge: float = 1e-3) -> list[float]:
-    return [_lstsq_one(a, test, y_train, y_test, ridge) for y_train, y_test in zip(y_trains, y_tests)]
-
-
-def _lstsq_one(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, ridge: float) -> float:
+def _lstsq(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
     gram = a.T @ a
@@ -165,15 +161,10 @@ def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_
     bias, an L2 penalty of `l2` per weight): the maximum-likelihood linear classifier.
     Fitted by Newton's method with backtracking, until the loss changes by less than 1e-9
     of itself (at most `max_iter` steps); about a hundred times the cost of the others."""
-    return _logistic(*_standardised(x_train, x_test), [y_train], [y_test], l2, max_iter)[0]
+    return _logistic(*_standardised(x_train, x_test), y_train, y_test, l2, max_iter)
 
 
-def _logistic(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], l2: float = 1e-4,
-              max_iter: int = 50) -> list[float]:
-    return [_logistic_one(a, test, y_train, y_test, l2, max_iter) for y_train, y_test in zip(y_trains, y_tests)]
-
-
-def _logistic_one(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: float, max_iter: int) -> float:
+def _logistic(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: float = 1e-4, max_iter: int = 50) -> float:
     n, d = a.shape
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
@@ -205,9 +196,16 @@ def _logistic_one(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: 
     return float((test @ w).argmax(-1).eq(y_test).double().mean())
 
 
+def _each(fit: Callable[..., float]) -> Callable[..., list[float]]:
+    """A classifier of one variable made one of several on the same features."""
+    def fit_each(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], **options) -> list[float]:
+        return [fit(a, test, y_train, y_test, **options) for y_train, y_test in zip(y_trains, y_tests)]
+    return fit_each
+
+
 #: each classifier's fits and held-out accuracies, one per variable, on the same features
-#: `_standardised` (with their bias column)
-CLASSIFIERS = {"lda": _lda, "logistic": _logistic, "lstsq": _lstsq}
+#: `_standardised` (with their bias column); LDA fits them all in one batched solve
+CLASSIFIERS = {"lda": _lda, "logistic": _each(_logistic), "lstsq": _each(_lstsq)}
 
 
 # --- data ----------------------------------------------------------------------------
@@ -252,33 +250,22 @@ def site_name(hook: str) -> str:
     return f"{kind.removeprefix('hook_')}{layer}"
 
 
-def _run(model, batches: list[Batch], sites: list[str], one_pass: bool = True
-         ) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor]]:
+def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor]]:
     """Per length: argmax predictions [batch, pos] and patterns [batch, layer, head, q, k];
     residual activations at the input positions, rows = input x position, all lengths.
-    One forward pass of all lengths padded to the longest (`padded`; a pass per length
-    when not `one_pass`: a compiled reference, run once per process). The model runs on its
+    One forward pass of all lengths padded to the longest (`padded`). The model runs on its
     own device; what it returns comes back to the CPU, where the compiled reference and the
     labels live."""
     predictions, patterns, resid = [], [], {s: [] for s in sites}
     wanted = set(sites) | {f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)}
     device = next(model.parameters()).device
-
-    def passes():  # (logits, cache, rows of this length, its width)
-        if one_pass:
-            joined, mask = padded(batches)
-            logits, cache = model.run_with_cache(joined.tokens.to(device), names_filter=lambda name: name in wanted,
-                                                 **mask_kwargs(mask, device))
-            start = 0
-            for batch in batches:
-                yield logits, cache, slice(start, start + len(batch)), batch.tokens.shape[1]
-                start += len(batch)
-        else:
-            for batch in batches:
-                logits, cache = model.run_with_cache(batch.tokens.to(device), names_filter=lambda name: name in wanted)
-                yield logits, cache, slice(None), batch.tokens.shape[1]
-
-    for logits, cache, rows, n in passes():
+    joined, mask = padded(batches)
+    logits, cache = model.run_with_cache(joined.tokens.to(device), names_filter=lambda name: name in wanted,
+                                         **mask_kwargs(mask, device))
+    start = 0
+    for batch in batches:
+        rows, n = slice(start, start + len(batch)), batch.tokens.shape[1]
+        start += len(batch)
         predictions.append(logits[rows, :n].argmax(-1).cpu())
         patterns.append(torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][rows, :, :n, :n]
                                      for layer in range(model.cfg.n_layers)], 1).double().cpu())
@@ -299,7 +286,7 @@ def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[T
         digest.update(batch.tokens.cpu().numpy().tobytes())
     key = (id(reference), digest.hexdigest())
     if key not in _REFERENCE_RUNS:
-        preds, patterns, resid = _run(reference, batches, residual_sites(reference), one_pass=False)
+        preds, patterns, resid = _run(reference, batches, residual_sites(reference))
         _REFERENCE_RUNS[key] = preds, patterns, resid, [centred(resid[s]) for s in residual_sites(reference)]
     return _REFERENCE_RUNS[key]
 

@@ -77,11 +77,6 @@ def padded(batches: list[Batch]) -> tuple[Batch, Tensor | None]:
     float rounding), which costs far less than one pass per length (a RASP task's held-out
     set holds one batch per length)."""
     width = max(b.tokens.shape[1] for b in batches)
-    if all(b.tokens.shape[1] == width for b in batches):
-        return (batches[0] if len(batches) == 1 else Batch(
-            torch.cat([b.tokens for b in batches]), torch.cat([b.targets for b in batches]),
-            torch.cat([b.loss_mask for b in batches]),
-            {k: torch.cat([b.extras[k] for b in batches]) for k in batches[0].extras})), None
 
     def pad(t: Tensor) -> Tensor:
         return F.pad(t, (0, width - t.shape[1])) if t.dim() == 2 else t
@@ -89,8 +84,9 @@ def padded(batches: list[Batch]) -> tuple[Batch, Tensor | None]:
     joined = Batch(torch.cat([pad(b.tokens) for b in batches]), torch.cat([pad(b.targets) for b in batches]),
                    torch.cat([pad(b.loss_mask) for b in batches]),
                    {k: torch.cat([pad(b.extras[k]) for b in batches]) for k in batches[0].extras})
-    mask = torch.cat([pad(torch.ones_like(b.tokens)) for b in batches])
-    return joined, mask
+    if all(b.tokens.shape[1] == width for b in batches):
+        return joined, None
+    return joined, torch.cat([pad(torch.ones_like(b.tokens)) for b in batches])
 
 
 def mask_kwargs(mask: Tensor | None, device: torch.device | str) -> dict[str, Tensor]:
