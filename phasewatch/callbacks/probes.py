@@ -105,13 +105,9 @@ class ProbeRunner(pl.Callback):
                 if step in self._own_steps[p.name]:
                     due.append(p)
             elif p.cheap and self.every_validation:
-                if step == 0 and self._validated_at != step:
+                if self._validated_at != step and (step == 0 or (dense and self.clock.allows(p.name, self.budget))):
                     due.append(p)
-                elif dense and self._validated_at != step and self.clock.allows(p.name, self.budget):
-                    due.append(p)
-            elif step in self._steps:
-                due.append(p)
-            elif dense and self.clock.allows(p.name, self.budget):
+            elif step in self._steps or (dense and self.clock.allows(p.name, self.budget)):
                 due.append(p)
         return due
 
@@ -260,15 +256,13 @@ class ProbeClock:
         """Whether an extra run of probe `name` keeps the probes within `budget` of the
         other time so far (always when there is no budget, or nothing is known of its cost
         yet); counts the runs it allows and refuses."""
-        if budget is None or name not in self.cost or self._started is None:
-            self.extra += 1
-            return True
-        probe, other = self.spent()
-        if probe + self.cost[name] <= budget * other:
-            self.extra += 1
-            return True
-        self.refused[name] = self.refused.get(name, 0) + 1
-        return False
+        if budget is not None and name in self.cost and self._started is not None:
+            probe, other = self.spent()
+            if probe + self.cost[name] > budget * other:
+                self.refused[name] = self.refused.get(name, 0) + 1
+                return False
+        self.extra += 1
+        return True
 
 
 def record_results(results: dict[str, dict[str, Any]], folder: RunFolder, step: int) -> dict[str, float]:
