@@ -79,7 +79,8 @@ class TransitionWatcher(pl.Callback):
     every_n_validations: how often to look (detection costs ~0.1 s per series of a few hundred
         points; a series is looked at again only once it has new points, and one of 100 points or
         more once it has grown by `regrow` of its points since the last time: 10% more points,
-        ~10% more steps when logged evenly).
+        ~10% more steps when logged evenly; the departure test, cheap, at every look with new
+        points).
     settle: confirm a transition once the run has reached `settle` x its end step...
     points_after: ... and the series has this many values after its end (at the end of
         training every transition found is confirmed).
@@ -106,6 +107,7 @@ class TransitionWatcher(pl.Callback):
         self._dense_steps: set[int] = set()
         self._validations = 0
         self._looked: dict[str, int] = {}  # series -> its number of points when last looked at
+        self._departed: dict[str, int] = {}  # ... when the departure test last looked at it
 
     # --- when ---------------------------------------------------------------------
 
@@ -149,24 +151,31 @@ class TransitionWatcher(pl.Callback):
         new: list[dict] = []
         for key, (steps, values) in sorted(series.items()):
             seen = self._looked.get(key, 0)
-            if not (final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen))):
-                continue
-            self._looked[key] = len(steps)
-            found = detect_transitions(steps, values, key, in_progress=not final)
-            left = departure(steps, values, key) if self.departures and not final else None
-            new += self._judge(key, steps, found, step, final, left)
+            due = final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen))
+            left = None
+            if self.departures and not final and len(steps) > self._departed.get(key, 0):
+                self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
+                left = departure(steps, values, key)
+            if due:
+                self._looked[key] = len(steps)
+                new += self._judge(key, steps, detect_transitions(steps, values, key, in_progress=not final),
+                                   step, final, left)
+            elif left is not None:
+                new += self._judge(key, steps, None, step, final, left)
         for event in new:
             event["detected_at"] = int(step)
             self.reported.append(event)
         return new
 
-    def _judge(self, key: str, steps, found: list[dict], step: int, final: bool, left: dict | None = None) -> list[dict]:
+    def _judge(self, key: str, steps, found: list[dict] | None, step: int, final: bool,
+               left: dict | None = None) -> list[dict]:
         """The events that this look's findings in one series call for (`found`: the detector's
-        transitions, `left`: the series' departure from its recent trend, if any)."""
+        transitions, None when it did not look this time; `left`: the series' departure from
+        its recent trend, if any). Only a look of the detector withdraws an onset."""
         new: list[dict] = []
         matched: set[int] = set()
         candidates = []
-        for event in found:
+        for event in found or []:
             pending = [p for p in self.pending if _continues(p, event)]
             matched.update(id(p) for p in pending)
             if self._confirmed(event) or (not final and event["confidence"] < SURE_ENOUGH):
@@ -181,7 +190,8 @@ class TransitionWatcher(pl.Callback):
                 candidates.append(event)
             elif not final and not pending and sum(s >= event["onset"] for s in steps) >= ONSET_POINTS:
                 new.append(self._onset(event, step, matched))
-        self._candidates[key] = candidates
+        if found is not None:
+            self._candidates[key] = candidates
         if left is not None and not self._confirmed(left):
             pending = [p for p in self.pending if _continues(p, left)]
             matched.update(id(p) for p in pending)
@@ -190,7 +200,7 @@ class TransitionWatcher(pl.Callback):
         for p in [p for p in self.pending if p["metric"] == key]:
             if id(p) in matched:
                 p["seen_at"] = int(step)
-            elif final or step >= WITHDRAW * max(p.get("seen_at", p["detected_at"]), 1):
+            elif found is not None and (final or step >= WITHDRAW * max(p.get("seen_at", p["detected_at"]), 1)):
                 self.pending.remove(p)
                 reason = "training ended" if final else "not found again"
                 new.append({k: p[k] for k in ("metric", "direction", "onset")} | {"stage": "withdrawn", "reason": reason})
@@ -207,9 +217,11 @@ class TransitionWatcher(pl.Callback):
     def _confirmed(self, event: dict) -> bool:
         """Already confirmed: the same metric and direction, overlapping spans (`SAME`) and, for
         a change with a magnitude, at most `GROWN` times it (the start of a change seen early,
-        before more of it came, is not the whole change; a departure has none)."""
+        before more of it came, is not the whole change); a departure, which has none, only when
+        it began before the confirmed change's end (after it, the series is on the move again)."""
         return any(r.get("stage", "confirmed") == "confirmed" and _same(r, event)
-                   and ("magnitude" not in event or event["magnitude"] <= GROWN * r["magnitude"])
+                   and (event["magnitude"] <= GROWN * r["magnitude"] if "magnitude" in event
+                        else event["onset"] <= r["end"])
                    for r in self.reported)
 
     @staticmethod
@@ -233,7 +245,7 @@ class TransitionWatcher(pl.Callback):
         """Everything a look depends on, so that a resumed run looks, reports and densifies as
         the uninterrupted one would."""
         return {"reported": self.reported, "pending": self.pending, "validations": self._validations,
-                "candidates": self._candidates, "looked": self._looked}
+                "candidates": self._candidates, "looked": self._looked, "departed": self._departed}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reported = list(state_dict.get("reported", []))
@@ -241,6 +253,7 @@ class TransitionWatcher(pl.Callback):
         self._validations = int(state_dict.get("validations", 0))
         self._candidates = dict(state_dict.get("candidates", {}))
         self._looked = dict(state_dict.get("looked", {}))
+        self._departed = dict(state_dict.get("departed", {}))
 
 
 def dense_now(trainer: pl.Trainer) -> bool:

@@ -369,3 +369,27 @@ def test_no_departure_on_flat_noise_a_steady_trend_or_the_levelling_after_a_drop
     found = _departures(steps, drop)
     assert found and all(d["direction"] == "down" for _, d in found)
     assert all(d["onset"] <= 900 for _, d in found)  # only while it drops
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_second_rise_soon_after_a_confirmed_one_gets_its_onset_at_the_first_look_that_sees_it(seed):
+    """An accuracy-like series logged every 10 steps (so the detector looks at it again only once
+    it has grown by 10%), looked at every 50: a small rise near step 500, confirmed, then one
+    five times larger centred at 1,450 (10-90% over ~1,250-1,680). The second rise begins within
+    `SAME` of the first one's end, yet it is a new change: its departure is said by step 1,250,
+    at a look where the detector does not run (before, at 1,300-1,450), and it is confirmed once,
+    with nothing withdrawn."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(10, 3001, 10)
+    values = (0.1 + 0.1 * sigmoid_in_log_steps(steps, 500, 0.03) + 0.5 * sigmoid_in_log_steps(steps, 1450, 0.03)
+              + np.random.default_rng(seed).normal(0, 0.005, len(steps)))
+    events = _watch(TransitionWatcher(), steps, values, np.arange(50, 3001, 50))
+    first = [e for e in events if e["stage"] == "confirmed" and e["end"] < 900]
+    assert len(first) == 1 and first[0]["detected_at"] < 1000
+    second = [e for e in events if e["onset"] > 1000]
+    assert [e["stage"] for e in second] == ["onset", "confirmed"], second
+    onset, confirmed = second
+    assert onset["direction"] == confirmed["direction"] == "up"
+    assert onset["detected_at"] <= 1250 and 1300 <= confirmed["midpoint"] <= 1600
+    assert not [e for e in events if e["stage"] == "withdrawn"]
