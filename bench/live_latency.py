@@ -16,7 +16,11 @@ series without a transition.
    3 more points, look every 4th validation; no onset stage).
 2. Real runs (`phasewatch fit`, W&B off) of the quickstart, induction_2l and digit_addition configs with
    adaptive resolution on and off: their events.jsonl against the offline detector on the
-   finished series, the probe points and checkpoints inside each transition, and the wall time.
+   finished series, the probe points and checkpoints inside each transition, the wall time, and
+   the onsets before the midpoint among the transitions with at least 2 of the series' points
+   from their onset to their midpoint (with fewer, e.g. a count that jumps between two probe
+   steps, no live test has anything to go on before the midpoint). A run folder already in
+   `--out` is scored again, not rerun.
 
     python bench/live_latency.py [--seeds 3] [--real quickstart induction_2l digit_addition]
                                  [--steps 3000] [--out /tmp/live_latency]
@@ -205,6 +209,7 @@ def real(configs: list[str], steps: int, out: Path) -> None:
             for r, t in zip(rows, truth):
                 s = series[t["metric"]][0]
                 r["points"] = int(sum(t["onset"] <= x <= t["end"] for x in s))
+                r["before_mid"] = int(sum(t["onset"] <= x < t["midpoint"] for x in s))
                 r["checkpoints"] = sum(t["onset"] <= x <= t["end"] for x in ckpts)
             withdrawn = [e for e in events if e.get("stage") == "withdrawn"]
             rows_all.append((config, dense, rows, withdrawn, float((run / "bench_wall_s").read_text()),
@@ -213,7 +218,8 @@ def real(configs: list[str], steps: int, out: Path) -> None:
     for config, dense, rows, withdrawn, _, extra in rows_all:
         print(summary(rows, withdrawn, f"{config}, adaptive {'on' if dense else 'off'}", extra))
     print("\n| run | wall time (s) | transitions | with >= 8 probe points / checkpoints inside "
-          "| median points / checkpoints inside |\n|---|---|---|---|---|")
+          "| median points / checkpoints inside | onset before midpoint, of those with >= 2 points "
+          "from onset to midpoint |\n|---|---|---|---|---|---|")
     for config, dense, rows, _, wall, _ in rows_all:
         n = len(rows)
         probe = [r for r in rows if not r["metric"].startswith(("train/", "val/"))]
@@ -221,8 +227,10 @@ def real(configs: list[str], steps: int, out: Path) -> None:
         eight_c = sum(r["checkpoints"] >= 8 for r in rows)
         mp = np.median([r["points"] for r in probe]) if probe else float("nan")
         mc = np.median([r["checkpoints"] for r in rows]) if rows else float("nan")
+        seen = [r for r in rows if r["before_mid"] >= 2]  # a live test can say something before the midpoint
+        early = sum(r["onset/mid"] is not None and r["onset/mid"] < 1 for r in seen)
         print(f"| {config}, adaptive {'on' if dense else 'off'} | {wall:.0f} | {n} ({len(probe)} of probes) | "
-              f"{eight_p}/{len(probe)} / {eight_c}/{n} | {mp:.0f} / {mc:.0f} |")
+              f"{eight_p}/{len(probe)} / {eight_c}/{n} | {mp:.0f} / {mc:.0f} | {early}/{len(seen)} |")
     with open(out / "rows.json", "w") as f:
         json.dump([{"config": c, "dense": d, "rows": r} for c, d, r, *_ in rows_all], f, indent=1, default=str)
 
