@@ -18,6 +18,12 @@ TRACR_CACHE = Path(tempfile.mkdtemp(prefix="phasewatch-tracr-"))
 atexit.register(shutil.rmtree, TRACR_CACHE, True)
 os.environ["PHASEWATCH_TRACR_CACHE"] = str(TRACR_CACHE)
 
+# Lightning gives its loggers a handler on sys.stderr when it is first imported. The CLI imports
+# it lazily, so without this the first test to run a command (under capsys) would leave that
+# handler on a capture stream closed after the test: every later command's "Seed set to 0"
+# would print a logging traceback into the stderr the hardening tests read.
+import lightning.pytorch  # noqa: E402, F401
+
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
