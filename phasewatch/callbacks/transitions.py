@@ -21,8 +21,9 @@ and goes to every logger that records events (the run folder's events, W&B):
   again later with more than `GROWN` times the magnitude is a new one (the start of a change
   can look finished before the rest of it comes).
 - `withdrawn`: an onset that no confirmed transition took up: when the run has reached
-  `WITHDRAW` x the last step at which a look found it (`reason`: "not found again"), or at
-  the end of training ("training ended").
+  `WITHDRAW` x the last step at which a detector's look found it (`reason`: "not found
+  again"), or at the end of training ("training ended": every onset still pending then,
+  including one that later looks kept finding as a transition already confirmed).
 
 While an onset is pending (`dense_now(trainer)`), the probes of the shared schedule and the
 checkpoints also run at the steps of a denser log-spaced grid (`dense_count` points over the
@@ -198,9 +199,10 @@ class TransitionWatcher(pl.Callback):
             if not pending:  # a departure from the trend: a transition under way before the detector can fit it
                 new.append(self._onset(left, step, matched))
         for p in [p for p in self.pending if p["metric"] == key]:
-            if id(p) in matched:
+            if id(p) in matched and not final:
                 p["seen_at"] = int(step)
-            elif found is not None and (final or step >= WITHDRAW * max(p.get("seen_at", p["detected_at"]), 1)):
+            elif final or (found is not None and step >= WITHDRAW * max(p.get("seen_at", p["detected_at"]), 1)):
+                # at the end nothing stays pending (what the last look confirmed has left the list)
                 self.pending.remove(p)
                 reason = "training ended" if final else "not found again"
                 new.append({k: p[k] for k in ("metric", "direction", "onset")} | {"stage": "withdrawn", "reason": reason})

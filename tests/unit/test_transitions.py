@@ -393,3 +393,25 @@ def test_a_second_rise_soon_after_a_confirmed_one_gets_its_onset_at_the_first_lo
     assert onset["direction"] == confirmed["direction"] == "up"
     assert onset["detected_at"] <= 1250 and 1300 <= confirmed["midpoint"] <= 1600
     assert not [e for e in events if e["stage"] == "withdrawn"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_onset_is_left_standing_when_training_ends(seed):
+    """The second rise of the test above, only 2.5 times the first: its onset is said, but the
+    detector takes it for the transition already confirmed (overlapping spans, not `GROWN` times
+    larger), so no confirmation closes it. At the end of training it is withdrawn ("training
+    ended") like every onset still pending: each onset gets a confirmation or a withdrawal."""
+    from phasewatch.callbacks.transitions import TransitionWatcher, _continues
+
+    steps = np.arange(10, 3001, 10)
+    values = (0.1 + 0.1 * sigmoid_in_log_steps(steps, 500, 0.03) + 0.25 * sigmoid_in_log_steps(steps, 1450, 0.03)
+              + np.random.default_rng(seed).normal(0, 0.005, len(steps)))
+    watcher = TransitionWatcher()
+    events = _watch(watcher, steps, values, np.arange(50, 3001, 50))
+    assert not watcher.pending
+    onsets = [e for e in events if e["stage"] == "onset"]
+    assert any(e["onset"] > 1000 and e["detected_at"] < 1450 for e in onsets)  # the second rise, before its midpoint
+    for onset in onsets:
+        closed = [e for e in events if e["stage"] == "withdrawn" and e["onset"] == onset["onset"]
+                  or e["stage"] == "confirmed" and e["detected_at"] >= onset["detected_at"] and _continues(onset, e)]
+        assert closed, onset
