@@ -159,10 +159,9 @@ class TransitionWatcher(pl.Callback):
                 left = departure(steps, values, key)
             if due:
                 self._looked[key] = len(steps)
-                new += self._judge(key, steps, detect_transitions(steps, values, key, in_progress=not final),
-                                   step, final, left)
-            elif left is not None:
-                new += self._judge(key, steps, None, step, final, left)
+            found = detect_transitions(steps, values, key, in_progress=not final) if due else None
+            if found is not None or left is not None:
+                new += self._judge(key, steps, found, step, final, left)
         for event in new:
             event["detected_at"] = int(step)
             self.reported.append(event)
