@@ -178,7 +178,7 @@ class TransitionWatcher(pl.Callback):
         for event in found or []:
             pending = [p for p in self.pending if _continues(p, event)]
             matched.update(id(p) for p in pending)
-            if self._confirmed(event) or (not final and event["confidence"] < SURE_ENOUGH):
+            if self._confirmed(event, steps) or (not final and event["confidence"] < SURE_ENOUGH):
                 continue
             settled = event["kind"] == "transition" and step >= self.settle * event["end"] and \
                 sum(s > event["end"] for s in steps) >= self.points_after
@@ -192,7 +192,7 @@ class TransitionWatcher(pl.Callback):
                 new.append(self._onset(event, step, matched))
         if found is not None:
             self._candidates[key] = candidates
-        if left is not None and not self._confirmed(left):
+        if left is not None and not self._confirmed(left, steps, new):
             pending = [p for p in self.pending if _continues(p, left)]
             matched.update(id(p) for p in pending)
             if not pending:  # a departure from the trend: a transition under way before the detector can fit it
@@ -215,15 +215,21 @@ class TransitionWatcher(pl.Callback):
         matched.add(id(self.pending[-1]))
         return dict(self.pending[-1])
 
-    def _confirmed(self, event: dict) -> bool:
-        """Already confirmed: the same metric and direction, overlapping spans (`SAME`) and, for
-        a change with a magnitude, at most `GROWN` times it (the start of a change seen early,
-        before more of it came, is not the whole change); a departure, which has none, only when
-        it began before the confirmed change's end (after it, the series is on the move again)."""
+    def _confirmed(self, event: dict, steps, also: list[dict] = ()) -> bool:
+        """Already confirmed (reported, or among `also`: this look's new events): the same metric
+        and direction, overlapping spans (`SAME`) and, for a change with a magnitude, at most
+        `GROWN` times it (the start of a change seen early, before more of it came, is not the
+        whole change); a departure, which has none, only when it began no later than the first
+        of the series' `steps` after the confirmed change's end (the fitted end of a jump between
+        two logged steps can come before the first step that shows it; after that, the series
+        is on the move again)."""
+        def after(end: float) -> float:
+            return next((float(s) for s in steps if s > end), float("inf"))
+
         return any(r.get("stage", "confirmed") == "confirmed" and _same(r, event)
                    and (event["magnitude"] <= GROWN * r["magnitude"] if "magnitude" in event
-                        else event["onset"] <= r["end"])
-                   for r in self.reported)
+                        else event["onset"] <= after(r["end"]))
+                   for r in [*self.reported, *also])
 
     @staticmethod
     def _announce(trainer: pl.Trainer, event: dict) -> None:

@@ -415,3 +415,56 @@ def test_no_onset_is_left_standing_when_training_ends(seed):
         closed = [e for e in events if e["stage"] == "withdrawn" and e["onset"] == onset["onset"]
                   or e["stage"] == "confirmed" and e["detected_at"] >= onset["detected_at"] and _continues(onset, e)]
         assert closed, onset
+
+
+def _settled_drop(seed=0):
+    """A drop centred at 1,000 logged every 10 steps to 3,000, and a watcher that has looked at
+    every 50 and confirmed it, with nothing pending."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(10, 3001, 10)
+    values = 2 - sigmoid_in_log_steps(steps, 1000, 0.03) + np.random.default_rng(seed).normal(0, 0.01, len(steps))
+    watcher = TransitionWatcher()
+    events = _watch(watcher, steps, values, np.arange(50, 2501, 50), end=False)
+    assert [e["stage"] for e in events if e["onset"] > 600] == ["onset", "confirmed"] and not watcher.pending
+    return watcher, steps, values
+
+
+def test_only_a_look_of_the_detector_withdraws_an_onset():
+    """A pending onset not found again is withdrawn at the first look of the detector at or past
+    `WITHDRAW` x the step it was last seen, not at a look of the departure test alone (between
+    the detector's looks at a long series), which could not have found it anyway."""
+    from phasewatch.callbacks.transitions import WITHDRAW
+
+    watcher, steps, values = _settled_drop()
+    stray = {"metric": "val/loss", "direction": "up", "onset": 600, "snr": 6.0, "confidence": 0.9,
+             "stage": "onset", "detected_at": 700, "seen_at": 1000}
+    watcher.pending.append(dict(stray))
+    looked = watcher._looked["val/loss"]
+    assert len(steps[steps <= 2550]) < 1.1 * looked  # too few new points for the detector
+    keep = steps <= 2550
+    assert watcher.update({"val/loss": (steps[keep], values[keep])}, 2550) == []  # >= WITHDRAW x 1,000
+    assert 2550 >= WITHDRAW * stray["seen_at"] and len(watcher.pending) == 1
+    new = watcher.update({"val/loss": (steps, values)}, 3000)  # grown by 10%: the detector looks
+    assert [(e["stage"], e["reason"], e["onset"]) for e in new] == [("withdrawn", "not found again", 600)]
+    assert not watcher.pending
+
+
+def test_a_departure_is_the_confirmed_change_up_to_the_first_logged_step_after_its_end_also_in_the_same_look():
+    """A jump between two logged steps (here 490 and 500) can be fitted to end before the first
+    step that shows it (495): a departure starting at 500 is that change, one starting at the
+    step after it is a new one. The confirmation may come in the same look as the departure
+    (`also`: the look's new events), before it is among the reported ones."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(10, 601, 10)
+    confirmed = {"metric": "x", "direction": "down", "onset": 464, "midpoint": 479, "end": 495,
+                 "magnitude": 1.0, "stage": "confirmed"}
+    watcher = TransitionWatcher()
+    at = {"metric": "x", "direction": "down", "onset": 500}
+    assert watcher._confirmed(at, steps, [confirmed])
+    assert not watcher._confirmed(at, steps)  # not yet reported, not in this look
+    assert not watcher._confirmed({**at, "onset": 510}, steps, [confirmed])
+    assert not watcher._confirmed({**at, "direction": "up"}, steps, [confirmed])
+    watcher.reported.append(confirmed)
+    assert watcher._confirmed(at, steps) and not watcher._confirmed({**at, "onset": 510}, steps)
