@@ -18,11 +18,8 @@ TRACR_CACHE = Path(tempfile.mkdtemp(prefix="phasewatch-tracr-"))
 atexit.register(shutil.rmtree, TRACR_CACHE, True)
 os.environ["PHASEWATCH_TRACR_CACHE"] = str(TRACR_CACHE)
 
-# Lightning gives its loggers a handler on sys.stderr when it is first imported. The CLI imports
-# it lazily, so without this the first test to run a command (under capsys) would leave that
-# handler on a capture stream closed after the test: every later command's "Seed set to 0"
-# would print a logging traceback into the stderr the hardening tests read.
-import lightning.pytorch  # noqa: E402, F401
+#: output-capturing fixtures whose stream is closed after their test
+CAPTURING = {"capsys", "capsysbinary", "capfd", "capfdbinary"}
 
 
 def pytest_addoption(parser):
@@ -30,6 +27,15 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Lightning gives its loggers a handler on sys.stderr when it is first imported. The CLI
+    # imports it lazily, so the first test to run a command under a capturing fixture would leave
+    # that handler on a stream closed after the test: every later command's "Seed set to 0" would
+    # print a logging traceback into the stderr the hardening tests read. So it is imported here,
+    # before any test runs, when a test that runs commands or captures output is collected (not
+    # for a lone unit test, e.g. test_browser_fixture's pytest in a subprocess: ~8 s saved).
+    if any(not item.nodeid.startswith("tests/unit/") or CAPTURING & set(getattr(item, "fixturenames", ()))
+           for item in items):
+        import lightning.pytorch  # noqa: F401
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: pass --runslow to run")
