@@ -18,10 +18,12 @@ estimated from a fixed sample of `sample` (64) held-out sequences drawn from eve
 proportion to its size (a RASP task's batches hold one length each; at least one of each,
 spread evenly over it), each weighted by how many it stands for; the means from `mean_over`
 (256) sequences drawn the same way. Estimates of the whole held-out set's numbers, cheap
-enough to run densely: all lengths go through one forward pass, padded to the longest
-(`tasks.base.padded`), with the clean copy and one copy per ablated component
-(bench/README.md, `probe_overhead.py`; both options null for the whole set). The sample
-is the same at every step, so the series move only as the model does.
+enough to run densely: all lengths go through one clean forward pass, padded to the longest
+(`tasks.base.padded`), which keeps the residual stream at every layer; the copies with one
+component ablated (one per component, a pass per layer) start from it at the component's
+layer and run only what comes after the component (exact: what comes before it is the clean
+pass's; bench/README.md, `probe_overhead.py`; both options null for the whole set). The
+sample is the same at every step, so the series move only as the model does.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
+from phasewatch.models import native_module
 from phasewatch.tasks.base import Task, mask_kwargs, padded
 
 MODES = ("mean", "zero")
@@ -97,22 +100,78 @@ def proportional_sample(batches, total: int | None) -> list:
     return [b.spread(max(1, round(len(b) * total / size))) for b in batches]
 
 
-def _ablated_copies(value_of: dict[int, torch.Tensor | float], head: int | None, size: int):
-    """A forward hook for a batch made of copies of one batch (`size` sequences each): copy
-    i + 1 gets `value_of[i]` in place of the component's output (one head's slice of hook_z,
-    or the whole output); the others pass unchanged."""
+class _Clean:
+    """The clean pass of the native model (the plain PyTorch module inside the bridge) on a
+    batch, keeping what each layer's ablated copies start from: the residual stream into each
+    block (`pre`), each attention layer's head outputs before W_O (`z`, = hook_z) and
+    after it (`attn`, = hook_attn_out), and the stream after attention (`mid`)."""
 
-    def hook(value: torch.Tensor, hook=None) -> torch.Tensor:
-        value = value.clone()
-        for i, v in value_of.items():
-            rows = slice((i + 1) * size, (i + 2) * size)
-            if head is None:
-                value[rows] = v
-            else:
-                value[rows, :, head] = v
-        return value
+    def __init__(self, native, tokens: torch.Tensor, mask: torch.Tensor | None):
+        self.native, self.mask = native, mask
+        self.pre: list[torch.Tensor] = []
+        self.z: list[torch.Tensor] = []
+        self.attn: list[torch.Tensor] = []
 
-    return hook
+        def keep_pre(module, args, kwargs) -> None:
+            self.pre.append(args[0])
+
+        def keep_attn(module, args, out) -> None:
+            self.z.append(args[0])
+            self.attn.append(out)
+
+        handles = []
+        for block in native.layers:
+            handles.append(block.register_forward_pre_hook(keep_pre, with_kwargs=True))
+            handles.append(block.attn.o.register_forward_hook(keep_attn))
+        try:
+            self.logits = native(tokens, **({} if mask is None else {"attention_mask": mask}))
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.mid = [pre + attn for pre, attn in zip(self.pre, self.attn)]
+
+    def run_from(self, layer: int, attn_out: torch.Tensor | None = None, mlp_out: torch.Tensor | None = None,
+                 copies: int = 1) -> torch.Tensor:
+        """Logits of `copies` copies of the batch whose layer `layer` has `attn_out` in place of
+        its attention output (then its MLP and the later layers run) or `mlp_out` in place of
+        its MLP output (then only the later layers run): [copies x batch, pos, vocab]. What
+        comes before the ablated component is the clean pass's, so it is not computed again:
+        the same numbers as a full forward pass with the component replaced by a hook."""
+        native, block = self.native, self.native.layers[layer]
+        mask = None if self.mask is None else self.mask.repeat(copies, 1)
+        if mlp_out is None:
+            hidden = self.pre[layer].repeat(copies, 1, 1) + attn_out
+            if not block.cfg.attn_only:
+                hidden = hidden + block.mlp(block.ln2(hidden))
+        else:
+            hidden = self.mid[layer].repeat(copies, 1, 1) + mlp_out
+        size, n_pos = hidden.shape[:2]
+        positions = torch.arange(n_pos, device=hidden.device).unsqueeze(0).expand(size, -1)
+        for later in native.layers[layer + 1:]:
+            (hidden,) = later(hidden, attention_mask=mask, position_ids=positions)
+        from transformer_lens.utilities.activation_functions import apply_softcap
+
+        return apply_softcap(native.head(native.ln_out(hidden)), native.output_logits_soft_cap)
+
+
+def _ablated_logits(clean: _Clean, group: list[tuple[str, str, int | None]], means, n_pos: int) -> torch.Tensor:
+    """Logits of one copy of the batch per component of `group` (all of one layer and kind:
+    attention heads and layers, or an MLP), each with that component replaced by its mean
+    (`means`; zero when None): [len(group) x batch, pos, vocab]."""
+    layer = int(group[0][1].split(".")[1])
+    copies = []
+    for _, hook, head in group:
+        value = 0.0 if means is None else means[hook][:n_pos] if head is None else means[hook][:n_pos, head]
+        if hook.endswith("hook_z"):
+            z = clean.z[layer].unflatten(-1, (-1, clean.native.layers[layer].attn.d_head)).clone()
+            z[:, :, head] = value
+            copies.append(clean.native.layers[layer].attn.o(z.flatten(-2)))
+        else:
+            copies.append(torch.zeros_like(clean.attn[layer]) + value)
+    out = torch.cat(copies)
+    if group[0][1].endswith("hook_mlp_out"):
+        return clean.run_from(layer, mlp_out=out, copies=len(group))
+    return clean.run_from(layer, attn_out=out, copies=len(group))
 
 
 @torch.no_grad()
@@ -122,9 +181,10 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
     `sample` held-out sequences drawn from every length in proportion (`proportional_sample`,
     weighted by `sample_weights`; None: all of them). The means (mode "mean") are the held-out
     set's, estimated from `mean_over` sequences drawn the same way (None: all of them).
-    Batched: one forward pass holds the clean sample and one copy per component with that
-    component ablated (as many components as fit in `max_rows` sequences), every length
-    padded to the longest; the same numbers as one pass per component and length."""
+    Batched: one clean pass, every length padded to the longest, keeps the residual stream at
+    each layer; the copies with one component ablated start there, one pass per layer (and
+    MLP) with a copy per component (as many as fit in `max_rows` sequences), running only what
+    comes after the component. The same numbers as one full pass per component and length."""
     if mode not in MODES:
         from phasewatch.tasks.base import ConfigError
 
@@ -151,22 +211,18 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
         correct = picked.argmax(-1).eq(targets).double()
         totals[label] = [float((weight * loss).sum()), float((weight * correct).sum()), float(weight.sum())]
 
-    per_pass = max(1, max_rows // size - 1)
-    for start in range(0, len(comps), per_pass):
-        group = comps[start:start + per_pass]
-        hooks: dict[tuple[str, int | None], dict[int, torch.Tensor | float]] = {}
-        for i, (_, hook, head) in enumerate(group):
-            value = 0.0 if means is None else means[hook][:n_pos] if head is None else means[hook][:n_pos, head]
-            hooks.setdefault((hook, head), {})[i] = value
-        copies = len(group) + 1
-        logits = model.run_with_hooks(joined.tokens.repeat(copies, 1),
-                                      fwd_hooks=[(hook, _ablated_copies(values, head, size))
-                                                 for (hook, head), values in hooks.items()],
-                                      **mask_kwargs(None if mask is None else mask.repeat(copies, 1), device))
-        if start == 0:
-            add("clean", logits[:size])
-        for i, (label, _, _) in enumerate(group):
-            add(label, logits[(i + 1) * size:(i + 2) * size])
+    clean = _Clean(native_module(model), joined.tokens, None if mask is None else mask.to(device))
+    add("clean", clean.logits)
+    per_pass = max(1, max_rows // size)
+    kinds = {}  # (layer, attention or MLP) -> its components, in order
+    for comp in comps:
+        kinds.setdefault((comp[1].split(".")[1], comp[1].endswith("hook_mlp_out")), []).append(comp)
+    for group in kinds.values():
+        for start in range(0, len(group), per_pass):
+            part = group[start:start + per_pass]
+            logits = _ablated_logits(clean, part, means, n_pos)
+            for i, (label, _, _) in enumerate(part):
+                add(label, logits[i * size:(i + 1) * size])
     return {label: {"loss": s / n, "acc": a / n} for label, (s, a, n) in totals.items()}
 
 

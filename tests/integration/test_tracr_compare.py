@@ -67,45 +67,48 @@ def test_ablation_finds_exactly_the_non_empty_compiled_components(reverse, task)
     assert out["ablation/L3.attn/acc"] == pytest.approx(1 / 3, abs=0.06)  # without the lookup: chance
 
 
-def test_an_ablated_head_outputs_its_mean_or_zero(task):
-    from phasewatch.probes.ablation import _ablated_copies, position_means
+def test_the_clean_pass_keeps_what_the_ablated_copies_start_from(task):
+    """The ablation's clean pass (the native module, with plain PyTorch hooks) keeps, per layer,
+    the residual stream into the block, the head outputs before W_O and the attention output:
+    the bridge's hook_resid_pre, hook_z, hook_attn_out (and hook_resid_mid: their sum), which
+    the means are taken of."""
+    from phasewatch.models import native_module
+    from phasewatch.probes.ablation import _Clean, position_means
 
     model = build_model(ModelConfig(attention="bidirectional", seed=1), task).eval()
     batches = task.val_batches()
     hook = "blocks.1.attn.hook_z"
     means = position_means(model, batches, {hook})
     batch = batches[2]
-    size = len(batch)
-    seen = {}
-
-    def record(value, hook=None):
-        seen["z"] = value.detach().clone()
-
+    names = {f"blocks.{layer}.{name}" for layer in (0, 1)
+             for name in ("hook_resid_pre", "attn.hook_z", "hook_attn_out", "hook_resid_mid")}
     with torch.no_grad():
-        _, clean = model.run_with_cache(batch.tokens, names_filter=lambda n: n == hook)
-        # three copies of the batch: the first intact, the second with head 2's mean, the third with zeros
-        model.run_with_hooks(batch.tokens.repeat(3, 1),
-                             fwd_hooks=[(hook, _ablated_copies({0: means[hook][:4, 2], 1: 0.0}, 2, size)), (hook, record)])
-    z = seen["z"]
-    assert torch.allclose(z[:size], clean[hook], atol=1e-6)
-    assert torch.allclose(z[size:2 * size, :, 2], means[hook][:4, 2].expand(size, -1, -1))
-    assert torch.equal(z[2 * size:, :, 2], torch.zeros_like(z[2 * size:, :, 2]))
-    for copy in (1, 2):
-        assert torch.allclose(z[copy * size:(copy + 1) * size, :, [0, 1, 3]], clean[hook][:, :, [0, 1, 3]], atol=1e-6)
+        _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
+        clean = _Clean(native_module(model), batch.tokens, None)
+    for layer in (0, 1):
+        z = cache[f"blocks.{layer}.attn.hook_z"]
+        assert torch.allclose(clean.z[layer].reshape(z.shape), z, atol=1e-6)
+        assert torch.allclose(clean.pre[layer], cache[f"blocks.{layer}.hook_resid_pre"], atol=1e-6)
+        assert torch.allclose(clean.attn[layer], cache[f"blocks.{layer}.hook_attn_out"], atol=1e-6)
+        assert torch.allclose(clean.mid[layer], cache[f"blocks.{layer}.hook_resid_mid"], atol=1e-6)
+    assert torch.allclose(clean.logits, model(batch.tokens), atol=1e-6)
     # the mean is over every held-out sequence with that position, not over this batch
     everything = torch.cat([model.run_with_cache(b.tokens, names_filter=lambda n: n == hook)[1][hook][:, 1]
                             for b in batches if b.tokens.shape[1] > 1])
     assert torch.allclose(means[hook][1], everything.mean(0), atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["mean", "zero"])
-def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode):
-    """ablation_scores puts the clean batch and one ablated copy per component in one pass;
-    here each component is ablated in a pass of its own, with a hook written for the test."""
+@pytest.mark.parametrize("mode, arch", [("mean", {}), ("zero", {}),
+                                        ("mean", {"n_layers": 3, "attn_only": True, "normalization": "none"})])
+def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, arch):
+    """ablation_scores runs the clean batch once and, per layer, one ablated copy per component
+    from the clean residual stream at that layer on; here each component is ablated in a full
+    pass of its own through the bridge, with a hook written for the test (the task's model with
+    MLPs and LayerNorm, and a 3-layer attention-only one without normalization)."""
     from phasewatch.probes.ablation import ablation_scores, components, position_means
     from phasewatch.tasks.base import masked_loss_and_acc
 
-    model = build_model(ModelConfig(attention="bidirectional", seed=2), task).eval()
+    model = build_model(ModelConfig(attention="bidirectional", seed=2, **arch), task).eval()
     batches = [b for b, g in zip(task.val_batches(), task.val_groups()) if g == "val"]
     comps = components(model)
     means = position_means(model, batches, {h for _, h, _ in comps})
