@@ -20,9 +20,11 @@ spread evenly over it), each weighted by how many it stands for; the means from 
 (256) sequences drawn the same way. Estimates of the whole held-out set's numbers, cheap
 enough to run densely: all lengths go through one clean forward pass, padded to the longest
 (`tasks.base.padded`), which keeps the residual stream at every layer; the copies with one
-component ablated (one per component, a pass per layer) start from it at the component's
-layer and run only what comes after the component (exact: what comes before it is the clean
-pass's; bench/README.md, `probe_overhead.py`; both options null for the whole set). The
+component ablated (one per component, a pass per layer and kind) start from it at the
+component's attention layer or MLP, which runs again on them with the component replaced
+(hooks already on the model, e.g. an intervention's, act as in a full pass), then only what
+comes after it (exact: what comes before is the clean pass's; bench/README.md,
+`probe_overhead.py`; both options null for the whole set). The
 sample is the same at every step, so the series move only as the model does.
 """
 
@@ -103,32 +105,80 @@ def proportional_sample(batches, total: int | None) -> list:
 class _Clean:
     """The clean pass of the native model (the plain PyTorch module inside the bridge) on a
     batch, keeping what each layer's ablated copies start from: the residual stream into each
-    block (`pre`), each attention layer's head outputs before W_O (`z`, = hook_z) and
-    after it (`attn`, = hook_attn_out), and the stream after attention (`mid`)."""
+    block (`pre`), each attention layer's output (`attn`, = hook_attn_out; after any hook on
+    the attention module, such as an intervention's) and the stream after it (`mid`). Hooks
+    already on the model (an intervention's) act here as in any forward pass."""
 
     def __init__(self, native, tokens: torch.Tensor, mask: torch.Tensor | None):
         self.native, self.mask = native, mask
         self.pre: list[torch.Tensor] = []
-        self.z: list[torch.Tensor] = []
         self.attn: list[torch.Tensor] = []
 
         def keep_pre(module, args, kwargs) -> None:
             self.pre.append(args[0])
 
         def keep_attn(module, args, out) -> None:
-            self.z.append(args[0])
-            self.attn.append(out)
+            self.attn.append(out[0])
 
         handles = []
-        for block in native.layers:
+        for block in native.layers:  # registered last: they see what earlier hooks made of the values
             handles.append(block.register_forward_pre_hook(keep_pre, with_kwargs=True))
-            handles.append(block.attn.o.register_forward_hook(keep_attn))
+            handles.append(block.attn.register_forward_hook(keep_attn))
         try:
             self.logits = native(tokens, **({} if mask is None else {"attention_mask": mask}))
         finally:
             for handle in handles:
                 handle.remove()
         self.mid = [pre + attn for pre, attn in zip(self.pre, self.attn)]
+
+    def _inputs(self, hidden: torch.Tensor, copies: int) -> dict[str, torch.Tensor]:
+        """A block's keyword arguments for `copies` copies of the batch."""
+        size, n_pos = hidden.shape[:2]
+        return {"attention_mask": None if self.mask is None else self.mask.repeat(copies, 1),
+                "position_ids": torch.arange(n_pos, device=hidden.device).unsqueeze(0).expand(size, -1)}
+
+    def ablated(self, layer: int, kind: str, values: list[tuple[int | None, torch.Tensor | float]]) -> torch.Tensor:
+        """Layer `layer`'s attention (`kind` "attn") or MLP ("mlp") output for one copy of the
+        batch per (head, value) of `values`: the module runs again on the copies, from the
+        clean stream into it, with the copy's head output before W_O (hook_z; head None: the
+        module's whole output) replaced by the value. Hooks already on the model (an
+        intervention's) act as in a pass through the bridge's hooks: on a whole output after
+        the replacement, on a head's before it."""
+        block = self.native.layers[layer]
+        module = block.attn if kind == "attn" else block.mlp
+        size, copies = self.pre[layer].shape[0], len(values)
+
+        def rows(i: int) -> slice:
+            return slice(i * size, (i + 1) * size)
+
+        def swap_heads(module, args):
+            z = args[0].unflatten(-1, (-1, block.attn.d_head)).clone()
+            for i, (head, value) in enumerate(values):
+                if head is not None:
+                    z[rows(i), :, head] = value
+            return (z.flatten(-2), *args[1:])
+
+        def swap_whole(module, args, out):
+            first = (out[0] if kind == "attn" else out).clone()
+            for i, (head, value) in enumerate(values):
+                if head is None:
+                    first[rows(i)] = value
+            return (first, *out[1:]) if kind == "attn" else first
+
+        handles = [module.register_forward_hook(swap_whole, prepend=True)]
+        if kind == "attn":
+            handles.append(block.attn.o.register_forward_pre_hook(swap_heads))  # after an intervention's, as hook_z
+            hidden = self.pre[layer].repeat(copies, 1, 1)
+            inputs = block.ln1(hidden), self._inputs(hidden, copies)
+        else:
+            hidden = self.mid[layer].repeat(copies, 1, 1)
+            inputs = block.ln2(hidden), {}
+        try:
+            out = module(inputs[0], **inputs[1])
+        finally:
+            for handle in handles:
+                handle.remove()
+        return out[0] if kind == "attn" else out
 
     def run_from(self, layer: int, attn_out: torch.Tensor | None = None, mlp_out: torch.Tensor | None = None,
                  copies: int = 1) -> torch.Tensor:
@@ -137,20 +187,18 @@ class _Clean:
         its MLP output (then only the later layers run): [copies x batch, pos, vocab]. What
         comes before the ablated component is the clean pass's, so it is not computed again:
         the same numbers as a full forward pass with the component replaced by a hook."""
+        from transformer_lens.utilities.activation_functions import apply_softcap
+
         native, block = self.native, self.native.layers[layer]
-        mask = None if self.mask is None else self.mask.repeat(copies, 1)
         if mlp_out is None:
             hidden = self.pre[layer].repeat(copies, 1, 1) + attn_out
             if not block.cfg.attn_only:
                 hidden = hidden + block.mlp(block.ln2(hidden))
         else:
             hidden = self.mid[layer].repeat(copies, 1, 1) + mlp_out
-        size, n_pos = hidden.shape[:2]
-        positions = torch.arange(n_pos, device=hidden.device).unsqueeze(0).expand(size, -1)
+        inputs = self._inputs(hidden, copies)
         for later in native.layers[layer + 1:]:
-            (hidden,) = later(hidden, attention_mask=mask, position_ids=positions)
-        from transformer_lens.utilities.activation_functions import apply_softcap
-
+            (hidden,) = later(hidden, **inputs)
         return apply_softcap(native.head(native.ln_out(hidden)), native.output_logits_soft_cap)
 
 
@@ -159,19 +207,11 @@ def _ablated_logits(clean: _Clean, group: list[tuple[str, str, int | None]], mea
     attention heads and layers, or an MLP), each with that component replaced by its mean
     (`means`; zero when None): [len(group) x batch, pos, vocab]."""
     layer = int(group[0][1].split(".")[1])
-    copies = []
-    for _, hook, head in group:
-        value = 0.0 if means is None else means[hook][:n_pos] if head is None else means[hook][:n_pos, head]
-        if hook.endswith("hook_z"):
-            z = clean.z[layer].unflatten(-1, (-1, clean.native.layers[layer].attn.d_head)).clone()
-            z[:, :, head] = value
-            copies.append(clean.native.layers[layer].attn.o(z.flatten(-2)))
-        else:
-            copies.append(torch.zeros_like(clean.attn[layer]) + value)
-    out = torch.cat(copies)
+    values = [(head, 0.0 if means is None else means[hook][:n_pos] if head is None else means[hook][:n_pos, head])
+              for _, hook, head in group]
     if group[0][1].endswith("hook_mlp_out"):
-        return clean.run_from(layer, mlp_out=out, copies=len(group))
-    return clean.run_from(layer, attn_out=out, copies=len(group))
+        return clean.run_from(layer, mlp_out=clean.ablated(layer, "mlp", values), copies=len(group))
+    return clean.run_from(layer, attn_out=clean.ablated(layer, "attn", values), copies=len(group))
 
 
 @torch.no_grad()

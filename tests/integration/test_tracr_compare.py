@@ -69,9 +69,8 @@ def test_ablation_finds_exactly_the_non_empty_compiled_components(reverse, task)
 
 def test_the_clean_pass_keeps_what_the_ablated_copies_start_from(task):
     """The ablation's clean pass (the native module, with plain PyTorch hooks) keeps, per layer,
-    the residual stream into the block, the head outputs before W_O and the attention output:
-    the bridge's hook_resid_pre, hook_z, hook_attn_out (and hook_resid_mid: their sum), which
-    the means are taken of."""
+    the residual stream into the block and the attention output: the bridge's hook_resid_pre
+    and hook_attn_out (and hook_resid_mid: their sum), and gives the bridge's logits."""
     from phasewatch.models import native_module
     from phasewatch.probes.ablation import _Clean, position_means
 
@@ -86,8 +85,6 @@ def test_the_clean_pass_keeps_what_the_ablated_copies_start_from(task):
         _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
         clean = _Clean(native_module(model), batch.tokens, None)
     for layer in (0, 1):
-        z = cache[f"blocks.{layer}.attn.hook_z"]
-        assert torch.allclose(clean.z[layer].reshape(z.shape), z, atol=1e-6)
         assert torch.allclose(clean.pre[layer], cache[f"blocks.{layer}.hook_resid_pre"], atol=1e-6)
         assert torch.allclose(clean.attn[layer], cache[f"blocks.{layer}.hook_attn_out"], atol=1e-6)
         assert torch.allclose(clean.mid[layer], cache[f"blocks.{layer}.hook_resid_mid"], atol=1e-6)
@@ -98,17 +95,24 @@ def test_the_clean_pass_keeps_what_the_ablated_copies_start_from(task):
     assert torch.allclose(means[hook][1], everything.mean(0), atol=1e-5)
 
 
-@pytest.mark.parametrize("mode, arch", [("mean", {}), ("zero", {}),
-                                        ("mean", {"n_layers": 3, "attn_only": True, "normalization": "none"})])
-def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, arch):
+@pytest.mark.parametrize("mode, arch, intervened", [
+    ("mean", {}, ()), ("zero", {}, ()),
+    ("mean", {"n_layers": 3, "attn_only": True, "normalization": "none"}, ()),
+    ("mean", {}, ("L0.attn", "L1H2", "L0.mlp"))])
+def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, arch, intervened):
     """ablation_scores runs the clean batch once and, per layer, one ablated copy per component
     from the clean residual stream at that layer on; here each component is ablated in a full
     pass of its own through the bridge, with a hook written for the test (the task's model with
-    MLPs and LayerNorm, and a 3-layer attention-only one without normalization)."""
+    MLPs and LayerNorm, a 3-layer attention-only one without normalization, and the task's
+    model with an intervention's hooks on an attention layer, a head and an MLP, which act in
+    the ablation's passes as in any other)."""
+    from phasewatch.models import register_component_hook
     from phasewatch.probes.ablation import ablation_scores, components, position_means
     from phasewatch.tasks.base import masked_loss_and_acc
 
     model = build_model(ModelConfig(attention="bidirectional", seed=2, **arch), task).eval()
+    for component in intervened:  # halve each one's output, as an intervention's hook would change it
+        register_component_hook(model, component, lambda out: 0.5 * out)
     batches = [b for b, g in zip(task.val_batches(), task.val_groups()) if g == "val"]
     comps = components(model)
     means = position_means(model, batches, {h for _, h, _ in comps})
@@ -138,8 +142,9 @@ def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, ar
     for max_rows in (16384, 3 * max(len(b) for b in batches)):
         got = ablation_scores(model, task, mode, sample=None, mean_over=None, max_rows=max_rows)
         assert set(got) == set(expected)
-        for label, (loss, acc) in expected.items():
-            assert got[label]["loss"] == pytest.approx(loss, rel=1e-5) and got[label]["acc"] == pytest.approx(acc)
+        wrong = {label: (got[label]["loss"], loss) for label, (loss, acc) in expected.items()
+                 if got[label]["loss"] != pytest.approx(loss, rel=1e-5) or got[label]["acc"] != pytest.approx(acc)}
+        assert not wrong, wrong
     # a subsample: fewer inputs, the same components
     sub = ablation_scores(model, task, mode, sample=12, mean_over=None)
     assert set(sub) == set(expected) and sub["clean"]["loss"] != pytest.approx(expected["clean"][0], rel=1e-9)
