@@ -180,38 +180,37 @@ class _Clean:
                 handle.remove()
         return out[0] if kind == "attn" else out
 
-    def run_from(self, layer: int, attn_out: torch.Tensor | None = None, mlp_out: torch.Tensor | None = None,
-                 copies: int = 1) -> torch.Tensor:
-        """Logits of `copies` copies of the batch whose layer `layer` has `attn_out` in place of
-        its attention output (then its MLP and the later layers run) or `mlp_out` in place of
-        its MLP output (then only the later layers run): [copies x batch, pos, vocab]. What
+    def run_from(self, layer: int, kind: str, out: torch.Tensor) -> torch.Tensor:
+        """Logits of copies of the batch (as many as `out` holds) whose layer `layer` has `out`
+        in place of its attention output (`kind` "attn": then its MLP and the later layers run)
+        or of its MLP output ("mlp": then only the later layers run): [copies x batch, pos,
+        vocab]. What
         comes before the ablated component is the clean pass's, so it is not computed again:
         the same numbers as a full forward pass with the component replaced by a hook."""
         from transformer_lens.utilities.activation_functions import apply_softcap
 
         native, block = self.native, self.native.layers[layer]
-        if mlp_out is None:
-            hidden = self.pre[layer].repeat(copies, 1, 1) + attn_out
+        copies = len(out) // len(self.pre[layer])
+        if kind == "attn":
+            hidden = self.pre[layer].repeat(copies, 1, 1) + out
             if not block.cfg.attn_only:
                 hidden = hidden + block.mlp(block.ln2(hidden))
         else:
-            hidden = self.mid[layer].repeat(copies, 1, 1) + mlp_out
+            hidden = self.mid[layer].repeat(copies, 1, 1) + out
         inputs = self._inputs(hidden, copies)
         for later in native.layers[layer + 1:]:
             (hidden,) = later(hidden, **inputs)
         return apply_softcap(native.head(native.ln_out(hidden)), native.output_logits_soft_cap)
 
 
-def _ablated_logits(clean: _Clean, group: list[tuple[str, str, int | None]], means, n_pos: int) -> torch.Tensor:
-    """Logits of one copy of the batch per component of `group` (all of one layer and kind:
-    attention heads and layers, or an MLP), each with that component replaced by its mean
-    (`means`; zero when None): [len(group) x batch, pos, vocab]."""
-    layer = int(group[0][1].split(".")[1])
+def _ablated_logits(clean: _Clean, layer: int, kind: str, group: list[tuple[str, str, int | None]], means,
+                    n_pos: int) -> torch.Tensor:
+    """Logits of one copy of the batch per component of `group` (all of layer `layer`'s
+    attention, `kind` "attn", or its MLP, "mlp"), each with that component replaced by its
+    mean (`means`; zero when None): [len(group) x batch, pos, vocab]."""
     values = [(head, 0.0 if means is None else means[hook][:n_pos] if head is None else means[hook][:n_pos, head])
               for _, hook, head in group]
-    if group[0][1].endswith("hook_mlp_out"):
-        return clean.run_from(layer, mlp_out=clean.ablated(layer, "mlp", values), copies=len(group))
-    return clean.run_from(layer, attn_out=clean.ablated(layer, "attn", values), copies=len(group))
+    return clean.run_from(layer, kind, clean.ablated(layer, kind, values))
 
 
 @torch.no_grad()
@@ -254,13 +253,14 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
     clean = _Clean(native_module(model), joined.tokens, None if mask is None else mask.to(device))
     add("clean", clean.logits)
     per_pass = max(1, max_rows // size)
-    kinds = {}  # (layer, attention or MLP) -> its components, in order
+    kinds: dict[tuple[int, str], list] = {}  # (layer, "attn" or "mlp") -> its components, in order
     for comp in comps:
-        kinds.setdefault((comp[1].split(".")[1], comp[1].endswith("hook_mlp_out")), []).append(comp)
-    for group in kinds.values():
+        layer = int(comp[1].split(".")[1])  # blocks.<layer>....
+        kinds.setdefault((layer, "mlp" if comp[1].endswith("hook_mlp_out") else "attn"), []).append(comp)
+    for (layer, kind), group in kinds.items():
         for start in range(0, len(group), per_pass):
             part = group[start:start + per_pass]
-            logits = _ablated_logits(clean, part, means, n_pos)
+            logits = _ablated_logits(clean, layer, kind, part, means, n_pos)
             for i, (label, _, _) in enumerate(part):
                 add(label, logits[i * size:(i + 1) * size])
     return {label: {"loss": s / n, "acc": a / n} for label, (s, a, n) in totals.items()}
