@@ -112,7 +112,7 @@ def fit_run(config: str, steps: int, device: str, probes: bool) -> dict:
         raise SystemExit(f"phasewatch fit exited with {rc}")
     grok_step, grok_seconds = clock.get("grok", (None, None))
     return {"seconds": clock["seconds"], "steps_per_s": steps / clock["seconds"], "grok_step": grok_step,
-            "grok_seconds": grok_seconds, "events": [e for e in events if e["metric"] in PHASE_KEYS]}
+            "grok_seconds": grok_seconds, "events": [e for e in events if e["metric"] in PHASE_KEYS and e.get("stage", "confirmed") == "confirmed"]}
 
 
 def _sync(device: str) -> None:
@@ -138,7 +138,7 @@ def report(config: str, steps: int, device: str, loop: dict, fit: dict, bare: di
     lines += ["", f"Probe overhead (default probes against none): {100 * overhead:.1f}% of training time.", "",
               "Detected transitions (phasewatch fit, default probes):", "",
               "| metric | direction | onset | midpoint | end |", "| --- | --- | --- | --- | --- |"]
-    for e in sorted(fit["events"], key=lambda e: e["midpoint"]):
+    for e in sorted(fit["events"], key=lambda e: e["midpoint"]):  # confirmed transitions (not onsets, withdrawals)
         lines.append(f"| {e['metric']} | {e['direction']} | {e['onset']:,} | {e['midpoint']:,} | {e['end']:,} |")
     return "\n".join(lines) + "\n"
 

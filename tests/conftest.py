@@ -88,3 +88,26 @@ def reverse(tracr_cache):
     program = load_program("reverse", [1, 2, 3], 5)
     bridge, layout = compiled_reference(program, cache_dir=str(tracr_cache))
     return program, bridge, layout, tracr_cache
+
+
+@pytest.fixture(scope="module")
+def trained_small_model():
+    """A small modular-addition model trained near a minimum of its training loss (300 Adam
+    steps on the CPU; the LLC assumes a minimum) and its task. One per test module: a module
+    may move it to another device."""
+    import torch
+
+    from phasewatch.models import ModelConfig, build_model
+    from phasewatch.tasks import make_task
+
+    torch.manual_seed(0)
+    task = make_task("modular_addition", p=13, frac_train=0.5)
+    model = build_model(ModelConfig(d_model=16, n_heads=2, d_head=8, d_mlp=32), task)
+    batch = task.train_set()
+    opt = torch.optim.Adam(model.original_model.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = torch.nn.functional.cross_entropy(model.original_model(batch.tokens)[:, -1], batch.targets[:, -1])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model, task

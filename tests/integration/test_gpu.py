@@ -10,6 +10,7 @@ import torch
 
 from phasewatch.callbacks.probes import measure
 from phasewatch.probes import get_probe
+from phasewatch.probes.llc import estimate_llc
 from phasewatch.probes.registry import probe_names
 from phasewatch.trainers.posthoc import load_run_module, load_weights
 from phasewatch.rundir import read_jsonl
@@ -56,15 +57,33 @@ def test_every_probe_gives_the_cpu_values_on_the_device(tmp_path, task):
                 assert np.array_equal(np.asarray(got), np.asarray(want)), (name, key)
 
 
-def test_llc_on_the_device_converges_and_puts_the_weights_back(tmp_path):
-    module = _trained(tmp_path, "modular_addition").to(DEVICE)
-    before = {k: v.clone() for k, v in module.model.state_dict().items()}
-    options = {"llc": {"chains": 2, "draws": 50, "burn_in": 50}}
-    values = measure(module.model, module.task, [get_probe("llc")], options)["llc"]
-    assert values["llc/converged"] == 1.0 and 0 < values["llc/estimate"] < sum(p.numel() for p in before.values())
-    assert _plain(values["trace"]).shape == (2, 100)
-    after = module.model.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)
+def test_llc_on_the_device_gives_the_known_answer_and_puts_the_weights_back(trained_small_model):
+    """The estimator on the device: a d-dimensional quadratic has LLC d/2 (tests/unit/test_llc.py's
+    known answer). The probe on a model near a minimum of its training loss (the LLC assumes
+    one; a model 12 steps into training is not there, and its estimate can be below 0): finite
+    and positive, the same with the chains side by side (the default on a GPU) as one after
+    the other, and the weights exactly as before."""
+    d = 10
+    w = torch.zeros(d, dtype=torch.float64, device=DEVICE)
+    out = estimate_llc(lambda t: (w ** 2).sum(), [w], n=1000, chains=4, draws=3000, burn_in=1000,
+                       step_size=2e-4, gamma=1.0)
+    assert out["llc"] == pytest.approx(d / 2, rel=0.1)
+    assert torch.equal(w, torch.zeros(d, dtype=torch.float64, device=DEVICE))
+
+    model, task = trained_small_model
+    model.to(DEVICE)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    estimates = []
+    for side_by_side in (True, False):
+        options = {"llc": {"chains": 2, "draws": 50, "burn_in": 50, "step_size": 1e-4, "gamma": 300.0,
+                           "side_by_side": side_by_side}}
+        values = measure(model, task, [get_probe("llc")], options)["llc"]
+        assert values["llc/converged"] == 1.0 and 0 < values["llc/estimate"] < sum(p.numel() for p in before.values())
+        assert _plain(values["trace"]).shape == (2, 100)
+        estimates.append(values["llc/estimate"])
+        after = model.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before)
+    assert estimates[0] == pytest.approx(estimates[1], rel=1e-3)
 
 
 def test_training_on_the_device_follows_the_cpu_run(tmp_path):

@@ -82,21 +82,6 @@ def test_bad_settings_are_refused():
         estimate_llc(lambda t: (w ** 2).sum(), [w], n=1)
 
 
-@pytest.fixture(scope="module")
-def trained_small_model():
-    torch.manual_seed(0)
-    task = make_task("modular_addition", p=13, frac_train=0.5)
-    model = build_model(ModelConfig(d_model=16, n_heads=2, d_head=8, d_mlp=32), task)
-    batch = task.train_set()
-    opt = torch.optim.Adam(model.original_model.parameters(), lr=1e-2)
-    for _ in range(300):
-        loss = torch.nn.functional.cross_entropy(model.original_model(batch.tokens)[:, -1], batch.targets[:, -1])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model, task
-
-
 def test_llc_of_a_trained_small_model_is_positive_and_leaves_the_model_exactly_as_it_was(trained_small_model):
     """At (near) a minimum of the training loss, as the LLC assumes. The bridge reaches
     each weight under several names; the estimate must not leave a sampled copy behind."""

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Every GPU check of this repository in one command, for a lent GPU machine whose Python has
+# PyTorch but not this project's other requirements (the "device" tool: see bench/README.md,
+# "On a GPU"). Each part has its own time limit, so that one slow part does not lose the others'
+# results; logs and tables go to $OUT (or ./gpu_out).
+#
+#   bash bench/gpu_session.sh [quick]      # quick: small sizes, for a dry run on a CPU
+#
+# Missing packages travel as wheels in .whl/ (pip download ... --python-version 3.12, see
+# bench/README.md); where the project's requirements are missing they are unpacked into /tmp/site.
+set -u
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+QUICK=${1:-}
+if ! python3 -c "import transformer_lens, wandb, tracr, haiku, jsonargparse" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        >"$OUT/pip.log" 2>&1 || { echo "wheel install failed"; tail -5 "$OUT/pip.log"; exit 1; }
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export WANDB_MODE=disabled WANDB_SILENT=true PYTHONUNBUFFERED=1
+# tracr compiles with JAX: keep JAX on the CPU and off the GPU's memory
+export JAX_PLATFORMS=cpu XLA_PYTHON_CLIENT_PREALLOCATE=false
+DEVICE=cuda
+python3 -c "import torch; print(torch.__version__, torch.cuda.is_available())" || exit 1
+python3 -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=cpu
+if [ "$DEVICE" = cuda ]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; fi
+
+part() {  # part NAME SECONDS COMMAND...: run one part under its limit, log to $OUT/NAME.log
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    echo "== $name (limit ${limit}s)"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc $rc in $((SECONDS - t0)) s"
+    tail -n 25 "$OUT/$name.log"
+}
+
+if [ "$QUICK" = quick ]; then
+    STEPS=20; MEMBERS="1 4"; GROK=200; CHAINS="2"; DRAWS=20
+else
+    STEPS=300; MEMBERS="1 16 64"; GROK=${GROK_STEPS:-12000}; CHAINS="2 8"; DRAWS=100
+fi
+# in the order of what matters most: correctness on the device, then the timings
+part test_gpu 150 python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py
+part grokking 200 python3 bench/gpu_grokking.py --device "$DEVICE" --steps "$GROK" --out "$OUT/RESULTS.md" \
+    --state "$OUT/grok_state.json"
+part population 150 python3 bench/population.py --part train --markdown --device "$DEVICE" \
+    --config configs/induction_2l.yaml configs/reverse.yaml configs/quickstart.yaml --members $MEMBERS --steps "$STEPS"
+part llc 60 python3 bench/population.py --part llc --markdown --device "$DEVICE" --config configs/induction_2l.yaml \
+    configs/reverse.yaml --chains $CHAINS --draws "$DRAWS" --burn_in 50
