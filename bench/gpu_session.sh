@@ -40,13 +40,24 @@ part() {  # part NAME SECONDS COMMAND...: run one part under its limit, log to $
 if [ "$QUICK" = quick ]; then
     STEPS=20; MEMBERS="1 4"; GROK=200; CHAINS="2"; DRAWS=20
 else
-    STEPS=300; MEMBERS="1 16 64"; GROK=${GROK_STEPS:-12000}; CHAINS="2 8"; DRAWS=100
+    STEPS=300; MEMBERS=${MEMBERS:-"1 16 64"}; GROK=${GROK_STEPS:-12000}; CHAINS="2 8"; DRAWS=100
 fi
+# what runs (PARTS), and settings a second sitting may change: GROK_PARTS and GROK_STATE (a
+# state file of earlier grokking parts, carried along), POP_CONFIGS, MEMBERS
+PARTS=${PARTS:-"test_gpu grokking population llc"}
+GROK_STATE=${GROK_STATE:-$OUT/grok_state.json}
+if [ "$GROK_STATE" != "$OUT/grok_state.json" ] && [ -f "$GROK_STATE" ]; then cp "$GROK_STATE" "$OUT/grok_state.json"; fi
+POP_CONFIGS=${POP_CONFIGS:-"configs/induction_2l.yaml configs/reverse.yaml configs/quickstart.yaml"}
 # in the order of what matters most: correctness on the device, then the timings
-part test_gpu 150 python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py
-part grokking 200 python3 bench/gpu_grokking.py --device "$DEVICE" --steps "$GROK" --out "$OUT/RESULTS.md" \
-    --state "$OUT/grok_state.json"
-part population 150 python3 bench/population.py --part train --markdown --device "$DEVICE" \
-    --config configs/induction_2l.yaml configs/reverse.yaml configs/quickstart.yaml --members $MEMBERS --steps "$STEPS"
-part llc 60 python3 bench/population.py --part llc --markdown --device "$DEVICE" --config configs/induction_2l.yaml \
-    configs/reverse.yaml --chains $CHAINS --draws "$DRAWS" --burn_in 50
+for p in $PARTS; do
+    case $p in
+    test_gpu) part test_gpu 150 python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py ;;
+    grokking) part grokking 200 python3 bench/gpu_grokking.py --device "$DEVICE" --steps "$GROK" --out "$OUT/RESULTS.md" \
+        --state "$OUT/grok_state.json" --parts "${GROK_PARTS:-loop,fit,bare}" ;;
+    population) part population 150 python3 bench/population.py --part train --markdown --device "$DEVICE" \
+        --config $POP_CONFIGS --members $MEMBERS --steps "$STEPS" ;;
+    llc) part llc 60 python3 bench/population.py --part llc --markdown --device "$DEVICE" --config configs/induction_2l.yaml \
+        configs/reverse.yaml --chains $CHAINS --draws "$DRAWS" --burn_in 50 ;;
+    *) echo "unknown part $p (test_gpu, grokking, population, llc)"; exit 2 ;;
+    esac
+done
