@@ -228,9 +228,10 @@ class PopulationModule(pl.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self._pending is not None:
             step = self.global_step - 1  # the step the values were computed at
+            # each series read from the device once (one sync), not once per member
+            read = {key: (v.tolist() if torch.is_tensor(v) else v) for key, v in self._pending.items()}
             for k, loggers in enumerate(self.member_loggers):
-                values = {key: (v[k].item() if torch.is_tensor(v) else v) for key, v in self._pending.items()}
-                emit(loggers, values, step)
+                emit(loggers, {key: (v[k] if isinstance(v, list) else v) for key, v in read.items()}, step)
             self._pending = None
 
     def on_validation_epoch_start(self) -> None:
@@ -249,10 +250,11 @@ class PopulationModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:  # Lightning logs nothing of a sanity check
             return
+        read = {group: sums.tolist() for group, sums in self._val_sums.items()}  # one sync per group
         for k, loggers in enumerate(self.member_loggers):
             values: dict[str, float] = {}
-            for group, sums in self._val_sums.items():
-                loss, tokens, correct, seq_ok, seqs = sums[k].tolist()
+            for group, sums in read.items():
+                loss, tokens, correct, seq_ok, seqs = sums[k]
                 values |= {f"{group}/loss": loss / tokens, f"{group}/acc": correct / tokens,
                            f"{group}/seq_acc": seq_ok / seqs}
             emit(loggers, values, self.global_step)

@@ -6,7 +6,7 @@ Post hoc, over the run folder's saved step checkpoints: each
 checkpoint becomes one vector, either (a) its log-probabilities at every answer position
 of a fixed evaluation set (the task's held-out batches, at most `max_rows` sequences;
 log-softmax removes the logits' free shift) or (b) all of its weights flattened. PCA of
-these vectors across checkpoints (centred, by SVD) gives a 2-D path coloured by step;
+these vectors across checkpoints (centred) gives a 2-D path coloured by step;
 the phase transitions detected offline in the run's headline series (`val/loss`,
 `train/loss`, `val/acc`, ..., as the probes declare them: probes/keys.py) are marked at
 their midpoints. Phases of training show as
@@ -77,12 +77,22 @@ def _log_probabilities(module, batches, max_rows: int) -> np.ndarray:
 
 
 def pca_2d(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(coordinates [n, 2], explained variance ratio of the two components)."""
+    """(coordinates [n, 2], explained variance ratio of the two components) of n rows.
+
+    The coordinates are the centred rows' first two left singular vectors times their singular
+    values, found as the top eigenvectors of the n x n Gram matrix of the centred rows: a
+    trajectory has a few hundred checkpoints at most and vectors of up to millions of entries,
+    and the Gram matrix costs one matrix product where an SVD of the rows costs several times
+    that. Each component's sign, arbitrary in PCA, is set so that the path ends at least as far
+    along it as it starts (the last row's coordinate >= the first's)."""
     centred = rows - rows.mean(0, keepdims=True)
-    u, s, _ = np.linalg.svd(centred, full_matrices=False)
-    coords = u[:, :2] * s[:2]
-    variance = s ** 2
-    return coords, variance[:2] / variance.sum()
+    gram = centred @ centred.T
+    values, vectors = np.linalg.eigh(gram)  # ascending
+    top = np.clip(values[::-1][:2], 0, None)  # squared singular values
+    coords = vectors[:, ::-1][:, :2] * np.sqrt(top)
+    coords *= np.where(coords[-1] < coords[0], -1.0, 1.0)
+    total = float(np.trace(gram))
+    return coords, top / total if total > 0 else np.zeros_like(top)
 
 
 def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, out: str | os.PathLike | None = None,

@@ -26,3 +26,20 @@ def test_a_straight_path_has_one_component():
     coords, ratio = pca_2d(steps)
     assert ratio[0] > 0.999
     assert np.allclose(np.diff(coords[:, 0]), np.diff(coords[:, 0])[0])  # evenly spaced along PC1
+
+
+def test_the_components_are_the_svds_with_the_path_running_forward():
+    """Against numpy's SVD of the centred rows: the same coordinates up to each component's
+    sign, and the same explained variance; the sign puts the last row ahead of the first."""
+    rng = np.random.default_rng(1)
+    rows = np.cumsum(rng.normal(size=(40, 300)) * np.linspace(3, 0.1, 300), 0)  # a random walk, uneven axes
+    coords, ratio = pca_2d(rows)
+    centred = rows - rows.mean(0)
+    u, s, _ = np.linalg.svd(centred, full_matrices=False)
+    want = u[:, :2] * s[:2]
+    for j in range(2):
+        sign = np.sign(want[-1, j] - want[0, j])
+        np.testing.assert_allclose(coords[:, j], sign * want[:, j], rtol=1e-7, atol=1e-9 * s[0])
+        assert coords[-1, j] >= coords[0, j]
+    np.testing.assert_allclose(ratio, s[:2] ** 2 / (s ** 2).sum(), rtol=1e-10)
+    assert np.all(pca_2d(np.ones((5, 4)))[1] == 0)  # no variance: no components, no division by 0
