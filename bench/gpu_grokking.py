@@ -138,7 +138,8 @@ def report(config: str, steps: int, device: str, loop: dict, fit: dict, bare: di
     lines += ["", f"Probe overhead (default probes against none): {100 * overhead:.1f}% of training time.", "",
               "Detected transitions (phasewatch fit, default probes):", "",
               "| metric | direction | onset | midpoint | end |", "| --- | --- | --- | --- | --- |"]
-    for e in sorted(fit["events"], key=lambda e: e["midpoint"]):  # confirmed transitions (not onsets, withdrawals)
+    confirmed = [e for e in fit["events"] if e.get("stage", "confirmed") == "confirmed"]  # also in an older state file
+    for e in sorted(confirmed, key=lambda e: e["midpoint"]):
         lines.append(f"| {e['metric']} | {e['direction']} | {e['onset']:,} | {e['midpoint']:,} | {e['end']:,} |")
     return "\n".join(lines) + "\n"
 

@@ -83,14 +83,25 @@ def pca_2d(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     values, found as the top eigenvectors of the n x n Gram matrix of the centred rows: a
     trajectory has a few hundred checkpoints at most and vectors of up to millions of entries,
     and the Gram matrix costs one matrix product where an SVD of the rows costs several times
-    that. Each component's sign, arbitrary in PCA, is set so that the path ends at least as far
-    along it as it starts (the last row's coordinate >= the first's)."""
-    centred = rows - rows.mean(0, keepdims=True)
+    that. The Gram matrix holds squared singular values, so a component with less than 1e-10 of
+    the first one's variance is below its rounding and comes out as 0 (a straight path has no
+    second component). Each component's sign, arbitrary in PCA, is set so that the path ends
+    further along it than it starts; where the two are equal up to rounding (PC2 of an arc), so
+    that the coordinate of largest magnitude is positive."""
+    centred = np.asarray(rows, dtype=np.float64)
+    centred = centred - centred.mean(0, keepdims=True)
     gram = centred @ centred.T
     values, vectors = np.linalg.eigh(gram)  # ascending
     top = np.clip(values[::-1][:2], 0, None)  # squared singular values
+    top[top < 1e-10 * top[0]] = 0.0
     coords = vectors[:, ::-1][:, :2] * np.sqrt(top)
-    coords *= np.where(coords[-1] < coords[0], -1.0, 1.0)
+    for j in range(coords.shape[1]):
+        column = coords[:, j]
+        gain = column[-1] - column[0]
+        if abs(gain) <= 1e-8 * np.abs(column).max():  # no direction of travel to go by
+            gain = column[np.argmax(np.abs(column))]
+        if gain < 0:
+            column *= -1
     total = float(np.trace(gram))
     return coords, top / total if total > 0 else np.zeros_like(top)
 

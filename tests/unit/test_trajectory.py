@@ -43,3 +43,14 @@ def test_the_components_are_the_svds_with_the_path_running_forward():
         assert coords[-1, j] >= coords[0, j]
     np.testing.assert_allclose(ratio, s[:2] ** 2 / (s ** 2).sum(), rtol=1e-10)
     assert np.all(pca_2d(np.ones((5, 4)))[1] == 0)  # no variance: no components, no division by 0
+
+
+def test_the_sign_of_an_arcs_second_component_does_not_follow_rounding():
+    """On an arc PC2 starts and ends at the same value: its sign then comes from its largest
+    coordinate, so noise at the level of rounding cannot mirror the drawing."""
+    angle = np.linspace(0, np.pi, 31)
+    arc = np.column_stack([np.cos(angle), np.sin(angle), np.zeros(31)])
+    for noise in (0.0, 1e-12, -1e-12):
+        coords, _ = pca_2d(arc + noise * np.random.default_rng(2).normal(size=arc.shape))
+        assert coords[-1, 0] > coords[0, 0]
+        assert coords[np.argmax(np.abs(coords[:, 1])), 1] > 0  # the arc's middle is on the positive side
