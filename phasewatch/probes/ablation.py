@@ -38,6 +38,7 @@ import torch
 
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
+from phasewatch.probes.residual import ResidualPass
 from phasewatch.models import native_module
 from phasewatch.tasks.base import Task, mask_kwargs, padded
 
@@ -102,34 +103,10 @@ def proportional_sample(batches, total: int | None) -> list:
     return [b.spread(max(1, round(len(b) * total / size))) for b in batches]
 
 
-class _Clean:
-    """The clean pass of the native model (the plain PyTorch module inside the bridge) on a
-    batch, keeping what each layer's ablated copies start from: the residual stream into each
-    block (`pre`), each attention layer's output (`attn`, = hook_attn_out; after any hook on
-    the attention module, such as an intervention's) and the stream after it (`mid`). Hooks
-    already on the model (an intervention's) act here as in any forward pass."""
-
-    def __init__(self, native, tokens: torch.Tensor, mask: torch.Tensor | None):
-        self.native, self.mask = native, mask
-        self.pre: list[torch.Tensor] = []
-        self.attn: list[torch.Tensor] = []
-
-        def keep_pre(module, args, kwargs) -> None:
-            self.pre.append(args[0])
-
-        def keep_attn(module, args, out) -> None:
-            self.attn.append(out[0])
-
-        handles = []
-        for block in native.layers:  # registered last: they see what earlier hooks made of the values
-            handles.append(block.register_forward_pre_hook(keep_pre, with_kwargs=True))
-            handles.append(block.attn.register_forward_hook(keep_attn))
-        try:
-            self.logits = native(tokens, **({} if mask is None else {"attention_mask": mask}))
-        finally:
-            for handle in handles:
-                handle.remove()
-        self.mid = [pre + attn for pre, attn in zip(self.pre, self.attn)]
+class _Clean(ResidualPass):
+    """The clean pass of the native model on a batch (`ResidualPass`: the residual stream into
+    each block, `pre`; each attention layer's output after any hook on the attention module,
+    `attn`; the stream after it, `mid`), from which each layer's ablated copies start."""
 
     def _inputs(self, hidden: torch.Tensor, copies: int) -> dict[str, torch.Tensor]:
         """A block's keyword arguments for `copies` copies of the batch."""

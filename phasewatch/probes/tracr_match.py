@@ -53,8 +53,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from phasewatch.models import native_module
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
+from phasewatch.probes.residual import ResidualPass
 from phasewatch.tasks.base import Batch, ConfigError, Task, mask_kwargs, padded
 
 _REFERENCES: dict[tuple, tuple] = {}
@@ -255,13 +257,14 @@ def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], l
     residual activations at the input positions, rows = input x position, all lengths.
     One forward pass of all lengths padded to the longest (`padded`). The model runs on its
     own device; what it returns comes back to the CPU, where the compiled reference and the
-    labels live."""
+    labels live. The native module runs, with `ResidualPass` keeping the sites (the bridge's
+    hooks would cache the same tensors, at about twice the cost)."""
     predictions, patterns, resid = [], [], {s: [] for s in sites}
-    wanted = set(sites) | {f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)}
     device = next(model.parameters()).device
     joined, mask = padded(batches)
-    logits, cache = model.run_with_cache(joined.tokens.to(device), names_filter=lambda name: name in wanted,
-                                         **mask_kwargs(mask, device))
+    run = ResidualPass(native_module(model), joined.tokens.to(device), mask_kwargs(mask, device).get("attention_mask"))
+    logits, cache = run.logits, {s: run.site(s) for s in sites}
+    cache |= {f"blocks.{layer}.attn.hook_pattern": run.pattern[layer] for layer in range(model.cfg.n_layers)}
     start = 0
     for batch in batches:
         rows, n = slice(start, start + len(batch)), batch.tokens.shape[1]

@@ -67,31 +67,52 @@ def test_ablation_finds_exactly_the_non_empty_compiled_components(reverse, task)
     assert out["ablation/L3.attn/acc"] == pytest.approx(1 / 3, abs=0.06)  # without the lookup: chance
 
 
-def test_the_clean_pass_keeps_what_the_ablated_copies_start_from(task):
-    """The ablation's clean pass (the native module, with plain PyTorch hooks) keeps, per layer,
-    the residual stream into the block and the attention output: the bridge's hook_resid_pre
-    and hook_attn_out (and hook_resid_mid: their sum), and gives the bridge's logits."""
-    from phasewatch.models import native_module
-    from phasewatch.probes.ablation import _Clean, position_means
+@pytest.mark.parametrize("arch, intervened", [
+    ({}, ()), ({"n_layers": 3, "attn_only": True, "normalization": "none"}, ()), ({}, ("L0.attn", "L1H2", "L0.mlp"))])
+def test_the_residual_pass_keeps_what_the_bridges_hooks_cache(task, arch, intervened):
+    """ResidualPass (the native module with plain PyTorch hooks: the tracr probe's pass and the
+    ablation's clean pass) keeps, per layer, the bridge's hook_resid_pre, hook_attn_out (with an
+    intervention on the attention layer: what enters the stream, after its hook), hook_resid_mid
+    and attn.hook_pattern, and the last block's hook_resid_post, and gives the
+    bridge's logits: on every length padded into one batch (an attention mask), on the task's
+    model with MLPs and LayerNorm, on a 3-layer attention-only model without normalization, and
+    with an intervention's hooks on an attention layer, a head and an MLP."""
+    from phasewatch.models import native_module, register_component_hook
+    from phasewatch.probes.ablation import position_means
+    from phasewatch.probes.residual import ResidualPass
+    from phasewatch.tasks.base import mask_kwargs, padded
 
-    model = build_model(ModelConfig(attention="bidirectional", seed=1), task).eval()
+    model = build_model(ModelConfig(attention="bidirectional", seed=1, **arch), task).eval()
+    for component in intervened:  # halve each one's output, as an intervention's hook would change it
+        register_component_hook(model, component, lambda out: 0.5 * out)
+    n = model.cfg.n_layers
     batches = task.val_batches()
+    joined, mask = padded(batches)
+    names = {f"blocks.{layer}.{name}" for layer in range(n)
+             for name in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "attn.hook_pattern")}
+    names.add(f"blocks.{n - 1}.hook_resid_post")
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(joined.tokens, names_filter=lambda name: name in names,
+                                             **mask_kwargs(mask, "cpu"))
+        run = ResidualPass(native_module(model), joined.tokens, mask)
+    assert mask is not None and torch.equal(run.logits, logits)
+    for layer in range(n):
+        assert torch.equal(run.pre[layer], cache[f"blocks.{layer}.hook_resid_pre"])
+        if intervened:  # what enters the stream: after the intervention's hook, which hook_attn_out precedes
+            entered = cache[f"blocks.{layer}.hook_resid_mid"] - cache[f"blocks.{layer}.hook_resid_pre"]
+            assert torch.allclose(run.attn[layer], entered, atol=1e-6)
+        else:
+            assert torch.equal(run.attn[layer], cache[f"blocks.{layer}.hook_attn_out"])
+        assert torch.equal(run.pattern[layer], cache[f"blocks.{layer}.attn.hook_pattern"])
+        if not model.cfg.attn_only:
+            assert torch.equal(run.site(f"blocks.{layer}.hook_resid_mid"), cache[f"blocks.{layer}.hook_resid_mid"])
+    assert torch.equal(run.site(f"blocks.{n - 1}.hook_resid_post"), cache[f"blocks.{n - 1}.hook_resid_post"])
+    # the ablation's means are over every held-out sequence with that position, not over one batch
     hook = "blocks.1.attn.hook_z"
     means = position_means(model, batches, {hook})
-    batch = batches[2]
-    names = {f"blocks.{layer}.{name}" for layer in (0, 1)
-             for name in ("hook_resid_pre", "attn.hook_z", "hook_attn_out", "hook_resid_mid")}
     with torch.no_grad():
-        _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
-        clean = _Clean(native_module(model), batch.tokens, None)
-    for layer in (0, 1):
-        assert torch.allclose(clean.pre[layer], cache[f"blocks.{layer}.hook_resid_pre"], atol=1e-6)
-        assert torch.allclose(clean.attn[layer], cache[f"blocks.{layer}.hook_attn_out"], atol=1e-6)
-        assert torch.allclose(clean.mid[layer], cache[f"blocks.{layer}.hook_resid_mid"], atol=1e-6)
-    assert torch.allclose(clean.logits, model(batch.tokens), atol=1e-6)
-    # the mean is over every held-out sequence with that position, not over this batch
-    everything = torch.cat([model.run_with_cache(b.tokens, names_filter=lambda n: n == hook)[1][hook][:, 1]
-                            for b in batches if b.tokens.shape[1] > 1])
+        everything = torch.cat([model.run_with_cache(b.tokens, names_filter=lambda name: name == hook)[1][hook][:, 1]
+                                for b in batches if b.tokens.shape[1] > 1])
     assert torch.allclose(means[hook][1], everything.mean(0), atol=1e-5)
 
 

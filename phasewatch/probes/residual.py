@@ -1,0 +1,64 @@
+"""The residual stream and attention patterns of one forward pass of a model's native module.
+
+`ResidualPass` runs the plain PyTorch module inside a TransformerLens bridge (no bridge hooks:
+about half the time of `run_with_cache` on the small models here) with PyTorch hooks that keep,
+per layer, what the bridge's hooks would have cached:
+
+- `pre[l]`: the residual stream into block l (`blocks.l.hook_resid_pre`);
+- `attn[l]`: its attention output as it enters the stream: after any hook already on the
+  attention module, such as an intervention's (`blocks.l.hook_attn_out` caches it before such a
+  hook, and is the same without one);
+- `mid[l]`: the stream after the attention (`blocks.l.hook_resid_mid`, = pre + attn);
+- `pattern[l]`: the attention pattern [batch, head, query, key] (`blocks.l.attn.hook_pattern`);
+- `post`: the stream out of the last block (`blocks.<last>.hook_resid_post`);
+
+and the logits. Hooks already on the model (an intervention's) act as in any forward pass. The
+same tensors as the bridge's hooks (tests/integration/test_tracr_compare.py compares them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ResidualPass:
+    def __init__(self, native, tokens: torch.Tensor, mask: torch.Tensor | None = None):
+        self.native, self.mask = native, mask
+        self.pre: list[torch.Tensor] = []
+        self.attn: list[torch.Tensor] = []
+        self.pattern: list[torch.Tensor] = []
+        self.post: torch.Tensor | None = None
+
+        def keep_pre(module, args, kwargs) -> None:
+            self.pre.append(args[0])
+
+        def keep_attn(module, args, out) -> None:
+            self.attn.append(out[0])
+            self.pattern.append(out[1])
+
+        def keep_post(module, args, out) -> None:
+            self.post = out[0]
+
+        handles = []
+        for block in native.layers:  # registered last: they see what earlier hooks made of the values
+            handles.append(block.register_forward_pre_hook(keep_pre, with_kwargs=True))
+            handles.append(block.attn.register_forward_hook(keep_attn))
+        handles.append(native.layers[-1].register_forward_hook(keep_post))
+        try:
+            self.logits = native(tokens, **({} if mask is None else {"attention_mask": mask}))
+        finally:
+            for handle in handles:
+                handle.remove()
+        self.mid = [pre + attn for pre, attn in zip(self.pre, self.attn)]
+
+    def site(self, hook: str) -> torch.Tensor:
+        """The value at a bridge hook name: `blocks.<l>.hook_resid_pre`, `hook_resid_mid`,
+        `attn.hook_pattern`, or the last block's `hook_resid_post`."""
+        parts = hook.split(".")
+        layer, name = int(parts[1]), ".".join(parts[2:])
+        if name == "hook_resid_post" and layer == len(self.pre) - 1:
+            return self.post
+        kept = {"hook_resid_pre": self.pre, "hook_resid_mid": self.mid, "attn.hook_pattern": self.pattern}
+        if name not in kept:
+            raise KeyError(f"{hook} is not kept by a ResidualPass")
+        return kept[name][layer]
