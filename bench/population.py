@@ -7,8 +7,10 @@ Two measurements, each against its baseline in the same run:
   after the other, in this process (so neither pays Python's start-up; sequential
   processes would each pay it too). Every run trains `--steps` steps of the config with
   its validation schedule, no probes, no W&B, checkpoints at step 0 and the end. The
-  sequential time is N x the median of `--solo` runs alone (the members differ only in
-  seed, so each costs the same). Reported: member-steps per second each way and their
+  sequential time is N x the median of `--solo` runs alone, of seeds 0, 1, ... as members
+  0, 1, ... are (`seed_everything` k, and the data seed k where the members' data varies):
+  seeds differ in cost, since a run with a transition under way gets adaptive resolution's
+  extra checkpoints. Reported: member-steps per second each way and their
   ratio, and on CUDA the peak memory per member.
 - `--part llc`: the LLC probe's SGLD chains side by side (`torch.func.vmap`, the default
   with 4+ chains) against one after the other, at the same number of chains and draws, on
@@ -51,8 +53,11 @@ def time_llc(model, task, side_by_side: bool, repeats: int, **settings) -> tuple
     return sorted(times)[len(times) // 2], out
 
 
-def time_fit(config: str, steps: int, device: str, seeds: str | None) -> float:
-    """Seconds of one `phasewatch fit` of `config` (a population when `seeds` is given)."""
+def time_fit(config: str, steps: int, device: str, seeds: str | None, seed: int | None = None,
+             data_seed: bool = False) -> float:
+    """Seconds of one `phasewatch fit` of `config`: a population when `seeds` is given, else the
+    run alone of member `seed` (its `seed_everything`, and with `data_seed` its data seed too:
+    trainers/population.py's `member_config`); the config's own seeds when `seed` is None."""
     import tempfile
 
     from phasewatch.trainers.cli import main as phasewatch
@@ -64,6 +69,8 @@ def time_fit(config: str, steps: int, device: str, seeds: str | None) -> float:
                 "--checkpoints.schedule", '{"kind": "list", "steps": [0]}', "--checkpoints.last_every", str(steps)]
         if seeds is not None:
             args += ["--population.seeds", seeds]
+        if seed is not None:
+            args += ["--seed_everything", str(seed)] + (["--data.task.init_args.seed", str(seed)] if data_seed else [])
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -77,7 +84,9 @@ def bench_training(a) -> list[dict]:
     time_fit(a.config[0], 2, a.device, None)  # warm-up: the first fit in a process imports and compiles
     time_fit(a.config[0], 2, a.device, "0-1")
     for config in a.config:
-        solo = statistics.median(time_fit(config, a.steps, a.device, None) for _ in range(a.solo))
+        varies = not build_from_config(config)[1].task.full_batch  # as --population.vary_data's default
+        solo = statistics.median(time_fit(config, a.steps, a.device, None, seed=k, data_seed=varies)
+                                 for k in range(a.solo))
         for n in a.members:
             together = time_fit(config, a.steps, a.device, f"0-{n - 1}")
             memory = torch.cuda.max_memory_allocated() / n / 2**20 if a.device == "cuda" else None
@@ -105,7 +114,7 @@ def main() -> int:
                                                      "configs/reverse.yaml"])
     ap.add_argument("--members", nargs="+", type=int, default=[1, 4, 16])
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--solo", type=int, default=2, help="runs alone timed (the median is used)")
+    ap.add_argument("--solo", type=int, default=2, help="runs alone timed, of seeds 0.. (the median is used)")
     ap.add_argument("--chains", nargs="+", type=int, default=[2, 4, 8])
     ap.add_argument("--draws", type=int, default=100)
     ap.add_argument("--burn_in", type=int, default=50)
