@@ -107,12 +107,12 @@ def fit_run(config: str, steps: int, device: str, probes: bool) -> dict:
         rc = fit_with_callback(["--config", config, "--run_dir", str(run), "--trainer.max_steps", str(steps),
                                 "--trainer.accelerator", accelerator, "--trainer.enable_progress_bar", "false",
                                 "--no_wandb", *extra], Clock())
-        events = RunFolder(run).read_events()
+        events = RunFolder(run).transitions()  # confirmed ones: onsets and withdrawals have no midpoint
     if rc != 0:
         raise SystemExit(f"phasewatch fit exited with {rc}")
     grok_step, grok_seconds = clock.get("grok", (None, None))
     return {"seconds": clock["seconds"], "steps_per_s": steps / clock["seconds"], "grok_step": grok_step,
-            "grok_seconds": grok_seconds, "events": [e for e in events if e["metric"] in PHASE_KEYS and e.get("stage", "confirmed") == "confirmed"]}
+            "grok_seconds": grok_seconds, "events": [e for e in events if e["metric"] in PHASE_KEYS]}
 
 
 def _sync(device: str) -> None:

@@ -263,17 +263,15 @@ def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], l
     device = next(model.parameters()).device
     joined, mask = padded(batches)
     run = ResidualPass(native_module(model), joined.tokens.to(device), mask_kwargs(mask, device).get("attention_mask"))
-    logits, cache = run.logits, {s: run.site(s) for s in sites}
-    cache |= {f"blocks.{layer}.attn.hook_pattern": run.pattern[layer] for layer in range(model.cfg.n_layers)}
+    values = {s: run.site(s) for s in sites}
     start = 0
     for batch in batches:
         rows, n = slice(start, start + len(batch)), batch.tokens.shape[1]
         start += len(batch)
-        predictions.append(logits[rows, :n].argmax(-1).cpu())
-        patterns.append(torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][rows, :, :n, :n]
-                                     for layer in range(model.cfg.n_layers)], 1).double().cpu())
+        predictions.append(run.logits[rows, :n].argmax(-1).cpu())
+        patterns.append(torch.stack([pattern[rows, :, :n, :n] for pattern in run.pattern], 1).double().cpu())
         for s in sites:
-            resid[s].append(cache[s][rows, 1:n].reshape(-1, cache[s].shape[-1]).cpu())
+            resid[s].append(values[s][rows, 1:n].reshape(-1, values[s].shape[-1]).cpu())
     return predictions, patterns, {s: torch.cat(v) for s, v in resid.items()}
 
 
