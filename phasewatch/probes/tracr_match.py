@@ -47,7 +47,7 @@ a non-causal program, or a program tracr cannot compile.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from jaxtyping import Float
@@ -86,31 +86,55 @@ def centred(t: Tensor) -> tuple[Tensor, Tensor]:
     constant (zero once centred) add nothing to either and are dropped: most of a compiled
     model's residual dimensions at a site are written only later, or never on these inputs."""
     t = (t - t.mean(0)).double()
-    t = t[:, t.abs().amax(0) > 0] if len(t) else t
+    varies = t.abs().amax(0) > 0 if len(t) else None
+    t = t[:, varies] if varies is not None and not varies.all() else t  # a copy only where a column goes
     return t, torch.linalg.matrix_norm(t.T @ t)
 
 
-def cka_matrix(xs: list[Tensor], ys: list[Tensor] | None = None,
-               prepared_ys: list[tuple[Tensor, Tensor]] | None = None) -> Tensor:
-    """`linear_cka(x, y)` for every x of `xs` (rows) and y of `ys` (columns); `prepared_ys`
-    (`centred` of each y) in place of `ys` when they are kept from an earlier call."""
-    px, py = [centred(x) for x in xs], prepared_ys or [centred(y) for y in ys]
-    joined = torch.cat([y for y, _ in py], 1)  # every y's columns side by side: one product per x
-    widths = [y.shape[1] for y, _ in py]
-    y_norms = torch.stack([n for _, n in py])
-    out = torch.zeros(len(xs), len(py), dtype=torch.float64)
-    for i, (x, nx) in enumerate(px):
-        cross = torch.stack([part.square().sum() for part in (joined.T @ x).split(widths)])
-        denom = nx * y_norms
-        out[i] = torch.where(denom > 0, cross / denom.clamp_min(1e-300), torch.zeros_like(cross))
-    return out
+class CkaSide(NamedTuple):
+    """Representations prepared for `cka_matrix` (`cka_side`): the distinct columns of them all,
+    centred (float64), how often each is a column of each representation, and each one's
+    Gram-matrix norm."""
+    columns: Tensor  # [n, distinct]
+    counts: Tensor  # [distinct, representations]
+    norms: Tensor  # [representations]
+
+
+def cka_side(ys: list[Tensor]) -> CkaSide:
+    """`ys` `centred` and their columns pooled: a column that several representations share
+    (a compiled residual stream keeps what earlier layers wrote, to the last bit) is kept once,
+    so `cka_matrix` multiplies by each distinct column once (on the RASP configs, a fifth of them)."""
+    prepared = [centred(y) for y in ys]
+    joined = torch.cat([y for y, _ in prepared], 1)
+    owner = torch.repeat_interleave(torch.arange(len(ys)), torch.tensor([y.shape[1] for y, _ in prepared]))
+    columns, which = torch.unique(joined, dim=1, return_inverse=True)
+    counts = torch.zeros(columns.shape[1], len(ys), dtype=torch.float64)
+    counts.index_put_((which, owner), torch.ones(len(owner), dtype=torch.float64), accumulate=True)
+    return CkaSide(columns, counts, torch.stack([n for _, n in prepared]) if ys else torch.zeros(0, dtype=torch.float64))
+
+
+def cka_matrix(xs: list[Tensor], ys: list[Tensor] | None = None, prepared: CkaSide | None = None) -> Tensor:
+    """`linear_cka(x, y)` for every x of `xs` (rows) and y of `ys` (columns); `prepared`
+    (`cka_side(ys)`) in place of `ys` when it is kept from an earlier call. One product of the
+    ys' distinct columns with every x's: ||Y^T X||_F^2 is the sum over Y's columns c of
+    ||c^T X||^2, each distinct c counted as often as Y has it."""
+    side = prepared or cka_side(ys)
+    px = [centred(x) for x in xs]
+    x_norms = torch.stack([n for _, n in px])
+    widths = [x.shape[1] for x, _ in px]
+    products = (side.columns.T @ torch.cat([x for x, _ in px], 1)).square()  # [distinct, every x's columns]
+    per_x = torch.stack([part.sum(1) for part in products.split(widths, 1)], 1)  # [distinct, xs]
+    cross = per_x.T @ side.counts  # [xs, ys]
+    denom = x_norms[:, None] * side.norms[None, :]
+    return torch.where(denom > 0, cross / denom.clamp_min(1e-300), torch.zeros_like(cross))
 
 
 def _standardised(x_train: Tensor, x_test: Tensor) -> tuple[Tensor, Tensor]:
-    """Both sets standardised with the training set's mean and deviation, a bias column added."""
+    """Both sets standardised with the training set's mean and deviation, a bias column added
+    ([..., rows, features]: leading dimensions, such as several residual sites, each on its own)."""
     x_train, x_test = x_train.double(), x_test.double()
-    mean, std = x_train.mean(0), x_train.std(0).clamp_min(1e-6)
-    return tuple(torch.cat([(x - mean) / std, torch.ones(len(x), 1, dtype=x.dtype)], 1) for x in (x_train, x_test))
+    mean, std = x_train.mean(-2, keepdim=True), x_train.std(-2, keepdim=True).clamp_min(1e-6)
+    return tuple(torch.cat([(x - mean) / std, torch.ones(*x.shape[:-1], 1, dtype=x.dtype)], -1) for x in (x_train, x_test))
 
 
 def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
@@ -135,26 +159,29 @@ def lda_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test:
     means, the pooled within-class covariance shrunk by `shrinkage` towards its mean
     variance plus 1e-6, class priors from the training set): a linear classifier that,
     unlike a least-squares fit to one-hot targets, can single out a class between two others."""
-    return _lda(*_standardised(x_train, x_test), [y_train], [y_test], shrinkage)[0]
+    a, test = _standardised(x_train, x_test)
+    return _lda(a[None], test[None], [y_train], [y_test], shrinkage)[0][0]
 
 
-def _lda(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], shrinkage: float = 1e-3) -> list[float]:
-    """LDA for several variables on the same features at once (one batched solve): the
-    within-class scatter of each is the features' Gram matrix less its classes' n_c mu_c mu_c^T."""
-    a, test = a[:, :-1], test[:, :-1]  # LDA's bias comes from the class means
+def _lda(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], shrinkage: float = 1e-3
+         ) -> list[list[float]]:
+    """LDA for several variables on each of several feature sets (a: [sets, rows, features],
+    from `_standardised`) at once, one batched solve: the within-class scatter of each is the
+    features' Gram matrix less its classes' n_c mu_c mu_c^T. Accuracies [set][variable]."""
+    a, test = a[..., :-1], test[..., :-1]  # LDA's bias comes from the class means
     n_classes = max(int(max(y.max(), t.max())) + 1 for y, t in zip(y_trains, y_tests))
     onehot = torch.stack([torch.nn.functional.one_hot(y, n_classes) for y in y_trains]).double()  # [var, n, class]
     counts = onehot.sum(1)  # [var, class]
     present = counts > 0
-    means = onehot.transpose(1, 2) @ a / counts.clamp_min(1)[..., None]  # [var, class, feature]
-    scatter = a.T @ a - torch.einsum("vk,vkd,vke->vde", counts, means, means)
-    cov = scatter / (len(a) - present.sum(1)).clamp_min(1)[:, None, None].double()
-    cov = cov + (shrinkage * cov.diagonal(dim1=1, dim2=2).mean(1) + 1e-6)[:, None, None] * torch.eye(
-        a.shape[1], dtype=a.dtype)
-    weights = torch.linalg.solve(cov, means.transpose(1, 2))  # [var, feature, class]
-    bias = -0.5 * (means * weights.transpose(1, 2)).sum(-1) + torch.log(counts.clamp_min(1) / counts.sum(1, keepdim=True))
-    scores = (test @ weights + bias[:, None]).masked_fill(~present[:, None], -torch.inf)
-    return [float(v) for v in scores.argmax(-1).eq(torch.stack(y_tests)).double().mean(1)]
+    means = torch.einsum("vnk,snd->svkd", onehot, a) / counts.clamp_min(1)[..., None]  # [set, var, class, feature]
+    scatter = (a.transpose(1, 2) @ a)[:, None] - torch.einsum("vk,svkd,svke->svde", counts, means, means)
+    cov = scatter / (a.shape[1] - present.sum(1)).clamp_min(1)[:, None, None].double()
+    cov = cov + (shrinkage * cov.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-6)[..., None, None] * torch.eye(
+        a.shape[-1], dtype=a.dtype)
+    weights = torch.linalg.solve(cov, means.transpose(-1, -2))  # [set, var, feature, class]
+    bias = -0.5 * (means * weights.transpose(-1, -2)).sum(-1) + torch.log(counts.clamp_min(1) / counts.sum(1, keepdim=True))
+    scores = (test[:, None] @ weights + bias[..., None, :]).masked_fill(~present[:, None], -torch.inf)
+    return scores.argmax(-1).eq(torch.stack(y_tests)).double().mean(-1).tolist()
 
 
 def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
@@ -198,15 +225,17 @@ def _logistic(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: floa
     return float((test @ w).argmax(-1).eq(y_test).double().mean())
 
 
-def _each(fit: Callable[..., float]) -> Callable[..., list[float]]:
-    """A classifier of one variable made one of several on the same features."""
-    def fit_each(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], **options) -> list[float]:
-        return [fit(a, test, y_train, y_test, **options) for y_train, y_test in zip(y_trains, y_tests)]
+def _each(fit: Callable[..., float]) -> Callable[..., list[list[float]]]:
+    """A classifier of one variable on one feature set made one of several on several."""
+    def fit_each(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor], **options) -> list[list[float]]:
+        return [[fit(a_set, test_set, y_train, y_test, **options) for y_train, y_test in zip(y_trains, y_tests)]
+                for a_set, test_set in zip(a, test)]
     return fit_each
 
 
-#: each classifier's fits and held-out accuracies, one per variable, on the same features
-#: `_standardised` (with their bias column); LDA fits them all in one batched solve
+#: each classifier's fits and held-out accuracies [feature set][variable], on feature sets
+#: [sets, rows, features] from `_standardised` (with their bias column); LDA fits them all
+#: in one batched solve
 CLASSIFIERS = {"lda": _lda, "logistic": _each(_logistic), "lstsq": _each(_lstsq)}
 
 
@@ -275,9 +304,9 @@ def _run(model, batches: list[Batch], sites: list[str]) -> tuple[list[Tensor], l
     return predictions, patterns, {s: torch.cat(v) for s, v in resid.items()}
 
 
-def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor], list]:
-    """`_run` of a compiled reference on these inputs, and its residual sites `centred` for
-    CKA, once per process: its weights never change, so every probe of a run after the
+def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[Tensor], dict[str, Tensor], CkaSide]:
+    """`_run` of a compiled reference on these inputs, and its residual sites prepared for
+    CKA (`cka_side`), once per process: its weights never change, so every probe of a run after the
     first reuses them (keyed by the reference and the inputs themselves)."""
     import hashlib
 
@@ -288,7 +317,7 @@ def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[T
     key = (id(reference), digest.hexdigest())
     if key not in _REFERENCE_RUNS:
         preds, patterns, resid = _run(reference, batches, residual_sites(reference))
-        _REFERENCE_RUNS[key] = preds, patterns, resid, [centred(resid[s]) for s in residual_sites(reference)]
+        _REFERENCE_RUNS[key] = preds, patterns, resid, cka_side([resid[s] for s in residual_sites(reference)])
     return _REFERENCE_RUNS[key]
 
 
@@ -339,12 +368,10 @@ def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], 
         start += size * n
     train, test = torch.cat(train_rows), torch.cat(test_rows)
     ys = {name: torch.cat([t.flatten() for t in per_length]) for name, per_length in labels.items()}
-    out = {}
-    for site, x in resid.items():  # standardised once per site, every variable fitted on it
-        accuracies = fit(*_standardised(x[train], x[test]), [y[train] for y in ys.values()],
-                         [y[test] for y in ys.values()], **({"ridge": ridge} if classifier == "lstsq" else {}))
-        out.update({f"{name}/{site_name(site)}": acc for name, acc in zip(ys, accuracies)})
-    return out
+    x = torch.stack(list(resid.values()))  # [site, row, feature]: every site standardised, every variable fitted, at once
+    accuracies = fit(*_standardised(x[:, train], x[:, test]), [y[train] for y in ys.values()],
+                     [y[test] for y in ys.values()], **({"ridge": ridge} if classifier == "lstsq" else {}))
+    return {f"{name}/{site_name(site)}": acc for site, per_site in zip(resid, accuracies) for name, acc in zip(ys, per_site)}
 
 
 def _applies(task: Task) -> bool:
@@ -378,7 +405,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
     batches = comparison_batches(task, per_length)
     sites, ref_sites = residual_sites(model), residual_sites(reference)
     preds, patterns, resid = _run(model, batches, sites)
-    ref_preds, ref_patterns, _, ref_centred = reference_run(reference, batches)  # references are kept: the id is theirs
+    ref_preds, ref_patterns, _, ref_cka = reference_run(reference, batches)  # references are kept: the id is theirs
     out: dict[str, Any] = {}
 
     per_len = []
@@ -429,7 +456,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
         for key, value in per_initial[options].items():
             out[f"tracr/probe_baseline/{key}"] = value
 
-    matrix = cka_matrix([resid[s] for s in sites], prepared_ys=ref_centred).float()
+    matrix = cka_matrix([resid[s] for s in sites], prepared=ref_cka).float()
     for s, row in zip(sites, matrix):
         out[f"tracr/cka/{site_name(s)}"] = float(row.max())
     out["cka"] = matrix

@@ -76,9 +76,10 @@ def test_the_residual_pass_keeps_what_the_bridges_hooks_cache(task, arch, interv
     and attn.hook_pattern, and the last block's hook_resid_post, and gives the
     bridge's logits: on every length padded into one batch (an attention mask), on the task's
     model with MLPs and LayerNorm, on a 3-layer attention-only model without normalization, and
-    with an intervention's hooks on an attention layer, a head and an MLP."""
+    with an intervention's hooks on an attention layer, a head and an MLP; and the ablation's
+    means of each component's output."""
     from phasewatch.models import native_module, register_component_hook
-    from phasewatch.probes.ablation import position_means
+    from phasewatch.probes.ablation import components, position_means
     from phasewatch.probes.residual import ResidualPass
     from phasewatch.tasks.base import mask_kwargs, padded
 
@@ -107,13 +108,16 @@ def test_the_residual_pass_keeps_what_the_bridges_hooks_cache(task, arch, interv
         if not model.cfg.attn_only:
             assert torch.equal(run.site(f"blocks.{layer}.hook_resid_mid"), cache[f"blocks.{layer}.hook_resid_mid"])
     assert torch.equal(run.site(f"blocks.{n - 1}.hook_resid_post"), cache[f"blocks.{n - 1}.hook_resid_post"])
-    # the ablation's means are over every held-out sequence with that position, not over one batch
-    hook = "blocks.1.attn.hook_z"
-    means = position_means(model, batches, {hook})
+    # the ablation's means of every component's output, from one padded pass, are over every
+    # held-out sequence with that position (padding left out), not over one batch
+    hooks = {hook for _, hook, _ in components(model)}
+    means = position_means(model, batches, hooks)
     with torch.no_grad():
-        everything = torch.cat([model.run_with_cache(b.tokens, names_filter=lambda name: name == hook)[1][hook][:, 1]
-                                for b in batches if b.tokens.shape[1] > 1])
-    assert torch.allclose(means[hook][1], everything.mean(0), atol=1e-5)
+        caches = [model.run_with_cache(b.tokens, names_filter=lambda name: name in hooks)[1] for b in batches]
+    for hook in hooks:
+        for position in range(max(b.tokens.shape[1] for b in batches)):
+            everything = torch.cat([c[hook][:, position] for c in caches if c[hook].shape[1] > position])
+            assert torch.allclose(means[hook][position], everything.mean(0), atol=1e-5), (hook, position)
 
 
 @pytest.mark.parametrize("mode, arch, intervened", [

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from phasewatch.probes.tracr_match import centred, cka_matrix, linear_cka, pattern_overlap, probe_accuracy, site_name
+from phasewatch.probes.tracr_match import cka_matrix, cka_side, linear_cka, pattern_overlap, probe_accuracy, site_name
 
 
 def test_pattern_overlap_is_one_for_equal_patterns_and_the_target_mass_for_one_hot():
@@ -57,5 +57,24 @@ def test_the_cka_matrix_holds_linear_cka_of_every_pair():
     for i, x in enumerate(xs):
         for j, y in enumerate(ys):
             assert float(matrix[i, j]) == pytest.approx(linear_cka(x, y), abs=1e-12)
-    # the tracr probe keeps the compiled side centred once per run
-    assert torch.equal(cka_matrix(xs, prepared_ys=[centred(y) for y in ys]), matrix)
+    # the tracr probe prepares the compiled side once per run
+    assert torch.equal(cka_matrix(xs, prepared=cka_side(ys)), matrix)
+
+
+def test_the_cka_matrix_counts_a_column_that_several_representations_share_in_each():
+    """A compiled residual stream keeps what earlier layers wrote: later sites repeat earlier
+    sites' columns to the last bit. cka_side keeps each distinct column once and counts it in
+    every site that has it; the matrix is still linear CKA of every pair."""
+    g = torch.Generator().manual_seed(2)
+    first, written, extra = (torch.randn(300, d, generator=g, dtype=torch.float64) for d in (4, 3, 2))
+    ys = [first, torch.cat([first, written], 1), torch.cat([written, first, extra, first[:, :1]], 1)]
+    side = cka_side(ys)
+    assert side.columns.shape == (300, 9)  # 4 + 3 + 2 distinct columns
+    assert side.counts.sum(0).tolist() == [4, 7, 10]  # the last one has first[:, 0] twice
+    rotation = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=torch.float64))[0]
+    xs = [torch.randn(300, 5, generator=g), 2.0 * first @ rotation + 1.0, torch.zeros(300, 3)]
+    matrix = cka_matrix(xs, prepared=side)
+    for i, x in enumerate(xs):
+        for j, y in enumerate(ys):
+            assert float(matrix[i, j]) == pytest.approx(linear_cka(x, y), abs=1e-12)
+    assert matrix[1, 0] == pytest.approx(1.0) and matrix[2].eq(0).all()
