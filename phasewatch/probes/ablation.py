@@ -22,8 +22,9 @@ enough to run densely: all lengths go through one clean forward pass, padded to 
 (`tasks.base.padded`), which keeps the residual stream at every layer; the copies with one
 component ablated (one per component, a pass per layer and kind) start from it at the
 component's attention layer or MLP, which runs again on them with the component replaced
-(hooks already on the model, e.g. an intervention's, act as in a full pass), then only what
-comes after it (exact: what comes before is the clean pass's; bench/README.md,
+where a hook is on it (hooks already on the model, e.g. an intervention's, act as in a full
+pass; without one, the replaced output is computed from the clean pass: the value itself, or
+for a head the clean output plus (value - z_head) W_O[head]), then only what comes after it (exact: what comes before is the clean pass's; bench/README.md,
 `probe_overhead.py`; both options null for the whole set). The
 sample is the same at every step, so the series move only as the model does.
 """
@@ -106,7 +107,8 @@ def proportional_sample(batches, total: int | None) -> list:
 class _Clean(ResidualPass):
     """The clean pass of the native model on a batch (`ResidualPass`: the residual stream into
     each block, `pre`; each attention layer's output after any hook on the attention module,
-    `attn`; the stream after it, `mid`), from which each layer's ablated copies start."""
+    `attn`; the stream after it, `mid`; the heads' outputs before W_O, `z`), from which each
+    layer's ablated copies start."""
 
     def _inputs(self, hidden: torch.Tensor, copies: int) -> dict[str, torch.Tensor]:
         """A block's keyword arguments for `copies` copies of the batch."""
@@ -120,9 +122,12 @@ class _Clean(ResidualPass):
         clean stream into it, with the copy's head output before W_O (hook_z; head None: the
         module's whole output) replaced by the value. Hooks already on the model (an
         intervention's) act as in a pass through the bridge's hooks: on a whole output after
-        the replacement, on a head's before it."""
+        the replacement, on a head's before it. Without a hook on the module the copies'
+        outputs come from the clean pass (`_replaced`) and the module does not run again."""
         block = self.native.layers[layer]
         module = block.attn if kind == "attn" else block.mlp
+        if not hooked(module):
+            return self._replaced(layer, kind, values)
         size, copies = self.pre[layer].shape[0], len(values)
 
         def rows(i: int) -> slice:
@@ -157,6 +162,22 @@ class _Clean(ResidualPass):
                 handle.remove()
         return out[0] if kind == "attn" else out
 
+    def _replaced(self, layer: int, kind: str, values: list[tuple[int | None, torch.Tensor | float]]) -> torch.Tensor:
+        """`ablated` from the clean pass alone, for a module without hooks: a whole output
+        replaced is the value; a head's is the clean output changed by its part of W_O,
+        (value - z_head) W_O[head] (the attention output is linear in each head's z), so
+        the module does not run again."""
+        clean = self.attn[layer] if kind == "attn" else None
+        outs = []
+        for head, value in values:
+            if head is None:
+                outs.append(torch.zeros_like(self.pre[layer]) + value)
+            else:
+                attn = self.native.layers[layer].attn
+                rows = slice(head * attn.d_head, (head + 1) * attn.d_head)
+                outs.append(clean + (value - self.z[layer][..., rows]) @ attn.o.weight[:, rows].T)
+        return torch.cat(outs)
+
     def run_from(self, layer: int, kind: str, out: torch.Tensor) -> torch.Tensor:
         """Logits of copies of the batch (as many as `out` holds) whose layer `layer` has `out`
         in place of its attention output (`kind` "attn": then its MLP and the later layers run)
@@ -178,6 +199,15 @@ class _Clean(ResidualPass):
         for later in native.layers[layer + 1:]:
             (hidden,) = later(hidden, **inputs)
         return apply_softcap(native.head(native.ln_out(hidden)), native.output_logits_soft_cap)
+
+
+def hooked(module: torch.nn.Module) -> bool:
+    """Whether a forward hook (or pre-hook) is on the module, on one inside it, or on every
+    module (a global one): what `_Clean.ablated` must run the module again for."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
 def _ablated_logits(clean: _Clean, layer: int, kind: str, group: list[tuple[str, str, int | None]], means,
@@ -220,15 +250,19 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
     size, n_pos = joined.tokens.shape
     totals: dict[str, list[float]] = {}
 
-    def add(label: str, logits: torch.Tensor) -> None:
-        picked = logits[joined.loss_mask].double()
-        targets = joined.targets[joined.loss_mask]
-        loss = torch.nn.functional.cross_entropy(picked, targets, reduction="none")
+    targets = joined.targets[joined.loss_mask]
+
+    def add(labels: list[str], logits: torch.Tensor) -> None:
+        """The weighted loss and accuracy sums of each copy of the batch in `logits`, in one go."""
+        picked = logits.unflatten(0, (len(labels), size))[:, joined.loss_mask].double()  # [copy, answer, vocab]
+        loss = torch.nn.functional.cross_entropy(picked.flatten(0, 1), targets.repeat(len(labels)),
+                                                 reduction="none").view(len(labels), -1)
         correct = picked.argmax(-1).eq(targets).double()
-        totals[label] = [float((weight * loss).sum()), float((weight * correct).sum()), float(weight.sum())]
+        sums = (torch.stack([loss, correct, torch.ones_like(loss)], 1) * weight).sum(-1)  # [copy, 3], one reduction
+        totals.update(zip(labels, sums.tolist()))
 
     clean = _Clean(native_module(model), joined.tokens, None if mask is None else mask.to(device))
-    add("clean", clean.logits)
+    add(["clean"], clean.logits)
     per_pass = max(1, max_rows // size)
     kinds: dict[tuple[int, str], list] = {}  # (layer, "attn" or "mlp") -> its components, in order
     for comp in comps:
@@ -237,9 +271,7 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
     for (layer, kind), group in kinds.items():
         for start in range(0, len(group), per_pass):
             part = group[start:start + per_pass]
-            logits = _ablated_logits(clean, layer, kind, part, means, n_pos)
-            for i, (label, _, _) in enumerate(part):
-                add(label, logits[i * size:(i + 1) * size])
+            add([label for label, _, _ in part], _ablated_logits(clean, layer, kind, part, means, n_pos))
     return {label: {"loss": s / n, "acc": a / n} for label, (s, a, n) in totals.items()}
 
 

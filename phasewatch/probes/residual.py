@@ -10,6 +10,8 @@ per layer, what the bridge's hooks would have cached:
   hook, and is the same without one);
 - `mid[l]`: the stream after the attention (`blocks.l.hook_resid_mid`, = pre + attn);
 - `pattern[l]`: the attention pattern [batch, head, query, key] (`blocks.l.attn.hook_pattern`);
+- `z[l]`: the heads' outputs as they enter W_O, [batch, pos, head x d_head] (`blocks.l.attn.hook_z`,
+  flattened: after any hook already on W_O's input, as the bridge's);
 - `post`: the stream out of the last block (`blocks.<last>.hook_resid_post`);
 
 and the logits. Hooks already on the model (an intervention's) act as in any forward pass. The
@@ -27,6 +29,7 @@ class ResidualPass:
         self.pre: list[torch.Tensor] = []
         self.attn: list[torch.Tensor] = []
         self.pattern: list[torch.Tensor] = []
+        self.z: list[torch.Tensor] = []
         self.post: torch.Tensor | None = None
 
         def keep_pre(module, args, kwargs) -> None:
@@ -36,6 +39,9 @@ class ResidualPass:
             self.attn.append(out[0])
             self.pattern.append(out[1])
 
+        def keep_z(module, args) -> None:
+            self.z.append(args[0])
+
         def keep_post(module, args, out) -> None:
             self.post = out[0]
 
@@ -43,6 +49,7 @@ class ResidualPass:
         for block in native.layers:  # registered last: they see what earlier hooks made of the values
             handles.append(block.register_forward_pre_hook(keep_pre, with_kwargs=True))
             handles.append(block.attn.register_forward_hook(keep_attn))
+            handles.append(block.attn.o.register_forward_pre_hook(keep_z))
         handles.append(native.layers[-1].register_forward_hook(keep_post))
         try:
             self.logits = native(tokens, **({} if mask is None else {"attention_mask": mask}))

@@ -130,14 +130,18 @@ def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, ar
     pass of its own through the bridge, with a hook written for the test (the task's model with
     MLPs and LayerNorm, a 3-layer attention-only one without normalization, and the task's
     model with an intervention's hooks on an attention layer, a head and an MLP, which act in
-    the ablation's passes as in any other)."""
-    from phasewatch.models import register_component_hook
-    from phasewatch.probes.ablation import ablation_scores, components, position_means
+    the ablation's passes as in any other). A module without a hook does not run again: its
+    copies' outputs come from the clean pass; with the intervention both ways are taken."""
+    from phasewatch.models import native_module, register_component_hook
+    from phasewatch.probes.ablation import ablation_scores, components, hooked, position_means
     from phasewatch.tasks.base import masked_loss_and_acc
 
     model = build_model(ModelConfig(attention="bidirectional", seed=2, **arch), task).eval()
     for component in intervened:  # halve each one's output, as an intervention's hook would change it
         register_component_hook(model, component, lambda out: 0.5 * out)
+    layers = native_module(model).layers
+    ways = [hooked(module) for block in layers for module in (block.attn, getattr(block, "mlp", None)) if module]
+    assert ways == ([True, True, True, False] if intervened else [False] * len(ways))
     batches = [b for b, g in zip(task.val_batches(), task.val_groups()) if g == "val"]
     comps = components(model)
     means = position_means(model, batches, {h for _, h, _ in comps})
