@@ -173,14 +173,17 @@ def _lda(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor],
     onehot = torch.stack([torch.nn.functional.one_hot(y, n_classes) for y in y_trains]).double()  # [var, n, class]
     counts = onehot.sum(1)  # [var, class]
     present = counts > 0
-    means = torch.einsum("vnk,snd->svkd", onehot, a) / counts.clamp_min(1)[..., None]  # [set, var, class, feature]
+    sets, n_vars, n_features = len(a), len(y_trains), a.shape[-1]
+    sums = a.transpose(1, 2) @ onehot.permute(1, 0, 2).flatten(1)  # [set, feature, var x class]: one product per set
+    means = sums.view(sets, n_features, n_vars, n_classes).permute(0, 2, 3, 1) / counts.clamp_min(1)[..., None]
     scatter = (a.transpose(1, 2) @ a)[:, None] - torch.einsum("vk,svkd,svke->svde", counts, means, means)
     cov = scatter / (a.shape[1] - present.sum(1)).clamp_min(1)[:, None, None].double()
     cov = cov + (shrinkage * cov.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-6)[..., None, None] * torch.eye(
         a.shape[-1], dtype=a.dtype)
     weights = torch.linalg.solve(cov, means.transpose(-1, -2))  # [set, var, feature, class]
     bias = -0.5 * (means * weights.transpose(-1, -2)).sum(-1) + torch.log(counts.clamp_min(1) / counts.sum(1, keepdim=True))
-    scores = (test[:, None] @ weights + bias[..., None, :]).masked_fill(~present[:, None], -torch.inf)
+    scores = (test @ weights.permute(0, 2, 1, 3).flatten(2)).view(sets, -1, n_vars, n_classes).transpose(1, 2)
+    scores = (scores + bias[..., None, :]).masked_fill(~present[:, None], -torch.inf)  # [set, var, row, class]
     return scores.argmax(-1).eq(torch.stack(y_tests)).double().mean(-1).tolist()
 
 
