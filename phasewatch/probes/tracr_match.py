@@ -427,11 +427,11 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
         # head g of layer lb reading through head h of layer la: q -> j -> k, j any position
         composites = {(la, lb): torch.einsum("ngqj,nhjk->nghqk", a[:, lb, :, 1:], a[:, la])
                       for la in range(n_layers) for lb in range(la + 1, n_layers)}
-        for i, (rl, rh) in enumerate(active):
-            target = s[:, rl, rh, 1:][:, None, None]  # queries without BOS
-            single[i] += pattern_overlap(a[:, :, :, 1:], target).mean(0) / len(batches)
-            for (la, lb), composite in composites.items():
-                paths[i, lb, :, la, :] += pattern_overlap(composite, target).mean(0) / len(batches)
+        # every compiled head at once: [batch, ref head, 1, 1, q, k], queries without BOS
+        targets = s[:, [rl for rl, _ in active], [rh for _, rh in active], 1:][:, :, None, None]
+        single += pattern_overlap(a[:, None, :, :, 1:], targets).mean(0) / len(batches)
+        for (la, lb), composite in composites.items():
+            paths[:, lb, :, la, :] += pattern_overlap(composite[:, None], targets).mean(0) / len(batches)
     labels = []
     for i, (rl, rh) in enumerate(active):
         ref = f"L{rl}H{rh}"
