@@ -4,7 +4,7 @@
 about half the time of `run_with_cache` on the small models here) with PyTorch hooks that keep,
 per layer, what the bridge's hooks would have cached:
 
-- `pre[l]`: the residual stream into block l (`blocks.l.hook_resid_pre`);
+- `pre[l]`: the residual stream into block l (`blocks.l.hook_resid_pre`, after any hook on it);
 - `attn[l]`: its attention output as it enters the stream: after any hook already on the
   attention module, such as an intervention's (`blocks.l.hook_attn_out` caches it before such a
   hook, and is the same without one);
@@ -32,8 +32,8 @@ class ResidualPass:
         self.z: list[torch.Tensor] = []
         self.post: torch.Tensor | None = None
 
-        def keep_pre(module, args, kwargs) -> None:
-            self.pre.append(args[0])
+        def keep_pre(module, args, out) -> None:
+            self.pre.append(out)
 
         def keep_attn(module, args, out) -> None:
             self.attn.append(out[0])
@@ -47,7 +47,7 @@ class ResidualPass:
 
         handles = []
         for block in native.layers:  # registered last: they see what earlier hooks made of the values
-            handles.append(block.register_forward_pre_hook(keep_pre, with_kwargs=True))
+            handles.append(block.hook_in.register_forward_hook(keep_pre))  # what the block reads: after hook_resid_pre's hooks
             handles.append(block.attn.register_forward_hook(keep_attn))
             handles.append(block.attn.o.register_forward_pre_hook(keep_z))
         handles.append(native.layers[-1].register_forward_hook(keep_post))

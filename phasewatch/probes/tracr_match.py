@@ -105,12 +105,15 @@ def cka_side(ys: list[Tensor]) -> CkaSide:
     (a compiled residual stream keeps what earlier layers wrote, to the last bit) is kept once,
     so `cka_matrix` multiplies by each distinct column once (on the RASP configs, a fifth of them)."""
     prepared = [centred(y) for y in ys]
+    if not prepared or not len(prepared[0][0]):  # nothing to compare: every CKA is 0
+        return CkaSide(torch.zeros(0, 0, dtype=torch.float64), torch.zeros(0, len(ys), dtype=torch.float64),
+                       torch.zeros(len(ys), dtype=torch.float64))
     joined = torch.cat([y for y, _ in prepared], 1)
     owner = torch.repeat_interleave(torch.arange(len(ys)), torch.tensor([y.shape[1] for y, _ in prepared]))
     columns, which = torch.unique(joined, dim=1, return_inverse=True)
     counts = torch.zeros(columns.shape[1], len(ys), dtype=torch.float64)
     counts.index_put_((which, owner), torch.ones(len(owner), dtype=torch.float64), accumulate=True)
-    return CkaSide(columns, counts, torch.stack([n for _, n in prepared]) if ys else torch.zeros(0, dtype=torch.float64))
+    return CkaSide(columns, counts, torch.stack([n for _, n in prepared]))
 
 
 def cka_matrix(xs: list[Tensor], ys: list[Tensor] | None = None, prepared: CkaSide | None = None) -> Tensor:
@@ -120,6 +123,8 @@ def cka_matrix(xs: list[Tensor], ys: list[Tensor] | None = None, prepared: CkaSi
     ||c^T X||^2, each distinct c counted as often as Y has it."""
     side = prepared or cka_side(ys)
     px = [centred(x) for x in xs]
+    if not px or not len(side.columns):
+        return torch.zeros(len(xs), len(side.norms), dtype=torch.float64)
     x_norms = torch.stack([n for _, n in px])
     widths = [x.shape[1] for x, _ in px]
     products = (side.columns.T @ torch.cat([x for x, _ in px], 1)).square()  # [distinct, every x's columns]
@@ -240,6 +245,28 @@ def _each(fit: Callable[..., float]) -> Callable[..., list[list[float]]]:
 #: [sets, rows, features] from `_standardised` (with their bias column); LDA fits them all
 #: in one batched solve
 CLASSIFIERS = {"lda": _lda, "logistic": _each(_logistic), "lstsq": _each(_lstsq)}
+
+
+def attention_match(patterns: list[Tensor], ref_patterns: list[Tensor], active: list[tuple[int, int]]
+                    ) -> tuple[Tensor, Tensor]:
+    """The attention match of each compiled head in `active` ((layer, head)) with every learned
+    head, [ref head, layer, head], and with every two-head path, [ref head, layer b, head g,
+    layer a, head h]: head g of layer b reading through head h of layer a (a < b; q -> j -> k,
+    j any position): `pattern_overlap` over queries without BOS, averaged over the inputs of
+    each length, then over lengths. `patterns`, `ref_patterns`: per length, [input, layer,
+    head, q, k] of the learned and the compiled model."""
+    n_layers, n_heads = patterns[0].shape[1:3]
+    single = torch.zeros(len(active), n_layers, n_heads, dtype=torch.float64)
+    paths = torch.zeros(len(active), n_layers, n_heads, n_layers, n_heads, dtype=torch.float64)
+    for a, s in zip(patterns, ref_patterns):
+        composites = {(la, lb): torch.einsum("ngqj,nhjk->nghqk", a[:, lb, :, 1:], a[:, la])
+                      for la in range(n_layers) for lb in range(la + 1, n_layers)}
+        # every compiled head at once: [input, ref head, 1, 1, q, k], queries without BOS
+        targets = s[:, [rl for rl, _ in active], [rh for _, rh in active], 1:][:, :, None, None]
+        single += pattern_overlap(a[:, None, :, :, 1:], targets).mean(0) / len(patterns)
+        for (la, lb), composite in composites.items():
+            paths[:, lb, :, la, :] += pattern_overlap(composite[:, None], targets).mean(0) / len(patterns)
+    return single, paths
 
 
 # --- data ----------------------------------------------------------------------------
@@ -371,6 +398,8 @@ def variable_probes(task: Task, batches: list[Batch], resid: dict[str, Tensor], 
         start += size * n
     train, test = torch.cat(train_rows), torch.cat(test_rows)
     ys = {name: torch.cat([t.flatten() for t in per_length]) for name, per_length in labels.items()}
+    if not resid or not ys:
+        return {}
     x = torch.stack(list(resid.values()))  # [site, row, feature]: every site standardised, every variable fitted, at once
     accuracies = fit(*_standardised(x[:, train], x[:, test]), [y[train] for y in ys.values()],
                      [y[test] for y in ys.values()], **({"ridge": ridge} if classifier == "lstsq" else {}))
@@ -421,17 +450,7 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
     active = [(layer, head) for layer in range(reference.cfg.n_layers) for head in range(reference.cfg.n_heads)
               if float(reference.W_O[layer, head].detach().abs().sum()) > 0]
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    single = torch.zeros(len(active), n_layers, n_heads, dtype=torch.float64)
-    paths = torch.zeros(len(active), n_layers, n_heads, n_layers, n_heads, dtype=torch.float64)
-    for a, s in zip(patterns, ref_patterns):  # per length: [batch, layer, head, q, k]
-        # head g of layer lb reading through head h of layer la: q -> j -> k, j any position
-        composites = {(la, lb): torch.einsum("ngqj,nhjk->nghqk", a[:, lb, :, 1:], a[:, la])
-                      for la in range(n_layers) for lb in range(la + 1, n_layers)}
-        # every compiled head at once: [batch, ref head, 1, 1, q, k], queries without BOS
-        targets = s[:, [rl for rl, _ in active], [rh for _, rh in active], 1:][:, :, None, None]
-        single += pattern_overlap(a[:, None, :, :, 1:], targets).mean(0) / len(batches)
-        for (la, lb), composite in composites.items():
-            paths[:, lb, :, la, :] += pattern_overlap(composite[:, None], targets).mean(0) / len(batches)
+    single, paths = attention_match(patterns, ref_patterns, active)
     labels = []
     for i, (rl, rh) in enumerate(active):
         ref = f"L{rl}H{rh}"

@@ -67,8 +67,24 @@ def test_ablation_finds_exactly_the_non_empty_compiled_components(reverse, task)
     assert out["ablation/L3.attn/acc"] == pytest.approx(1 / 3, abs=0.06)  # without the lookup: chance
 
 
+def halve(model, component: str) -> None:
+    """Halve a component's output (`L0.attn`, `L1H2`, `L0.mlp`: as an intervention's hook would
+    change it) or a residual stream hook's value (`blocks.<l>.hook_resid_pre`: a hook of the
+    bridge's own, as a user's would), for the rest of the model's life."""
+    from phasewatch.models import register_component_hook
+
+    if component.startswith("blocks."):
+        model.add_hook(component, lambda x, hook: 0.5 * x, is_permanent=True)
+    else:
+        register_component_hook(model, component, lambda out: 0.5 * out)
+
+
+INTERVENED = ("L0.attn", "L1H2", "L0.mlp")
+
+
 @pytest.mark.parametrize("arch, intervened", [
-    ({}, ()), ({"n_layers": 3, "attn_only": True, "normalization": "none"}, ()), ({}, ("L0.attn", "L1H2", "L0.mlp"))])
+    ({}, ()), ({"n_layers": 3, "attn_only": True, "normalization": "none"}, ()), ({}, INTERVENED),
+    ({}, ("blocks.1.hook_resid_pre",))])
 def test_the_residual_pass_keeps_what_the_bridges_hooks_cache(task, arch, intervened):
     """ResidualPass (the native module with plain PyTorch hooks: the tracr probe's pass and the
     ablation's clean pass) keeps, per layer, the bridge's hook_resid_pre, hook_attn_out (with an
@@ -76,16 +92,16 @@ def test_the_residual_pass_keeps_what_the_bridges_hooks_cache(task, arch, interv
     and attn.hook_pattern, and the last block's hook_resid_post, and gives the
     bridge's logits: on every length padded into one batch (an attention mask), on the task's
     model with MLPs and LayerNorm, on a 3-layer attention-only model without normalization, and
-    with an intervention's hooks on an attention layer, a head and an MLP; and the ablation's
-    means of each component's output."""
-    from phasewatch.models import native_module, register_component_hook
+    with an intervention's hooks on an attention layer, a head and an MLP, or a hook on a block's
+    residual stream in; and the ablation's means of each component's output."""
+    from phasewatch.models import native_module
     from phasewatch.probes.ablation import components, position_means
     from phasewatch.probes.residual import ResidualPass
     from phasewatch.tasks.base import mask_kwargs, padded
 
     model = build_model(ModelConfig(attention="bidirectional", seed=1, **arch), task).eval()
-    for component in intervened:  # halve each one's output, as an intervention's hook would change it
-        register_component_hook(model, component, lambda out: 0.5 * out)
+    for component in intervened:
+        halve(model, component)
     n = model.cfg.n_layers
     batches = task.val_batches()
     joined, mask = padded(batches)
@@ -99,7 +115,7 @@ def test_the_residual_pass_keeps_what_the_bridges_hooks_cache(task, arch, interv
     assert mask is not None and torch.equal(run.logits, logits)
     for layer in range(n):
         assert torch.equal(run.pre[layer], cache[f"blocks.{layer}.hook_resid_pre"])
-        if intervened:  # what enters the stream: after the intervention's hook, which hook_attn_out precedes
+        if intervened == INTERVENED:  # what enters the stream: after the intervention's hook, which hook_attn_out precedes
             entered = cache[f"blocks.{layer}.hook_resid_mid"] - cache[f"blocks.{layer}.hook_resid_pre"]
             assert torch.allclose(run.attn[layer], entered, atol=1e-6)
         else:
@@ -123,25 +139,26 @@ def test_the_residual_pass_keeps_what_the_bridges_hooks_cache(task, arch, interv
 @pytest.mark.parametrize("mode, arch, intervened", [
     ("mean", {}, ()), ("zero", {}, ()),
     ("mean", {"n_layers": 3, "attn_only": True, "normalization": "none"}, ()),
-    ("mean", {}, ("L0.attn", "L1H2", "L0.mlp"))])
+    ("mean", {}, INTERVENED), ("mean", {}, ("blocks.1.hook_resid_pre",))])
 def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, arch, intervened):
     """ablation_scores runs the clean batch once and, per layer, one ablated copy per component
     from the clean residual stream at that layer on; here each component is ablated in a full
     pass of its own through the bridge, with a hook written for the test (the task's model with
     MLPs and LayerNorm, a 3-layer attention-only one without normalization, and the task's
     model with an intervention's hooks on an attention layer, a head and an MLP, which act in
-    the ablation's passes as in any other). A module without a hook does not run again: its
-    copies' outputs come from the clean pass; with the intervention both ways are taken."""
-    from phasewatch.models import native_module, register_component_hook
+    the ablation's passes as in any other; or a hook on a block's residual stream in, outside
+    every ablated module). A module without a hook does not run again: its copies' outputs come
+    from the clean pass; with the intervention both ways are taken."""
+    from phasewatch.models import native_module
     from phasewatch.probes.ablation import ablation_scores, components, hooked, position_means
     from phasewatch.tasks.base import masked_loss_and_acc
 
     model = build_model(ModelConfig(attention="bidirectional", seed=2, **arch), task).eval()
-    for component in intervened:  # halve each one's output, as an intervention's hook would change it
-        register_component_hook(model, component, lambda out: 0.5 * out)
+    for component in intervened:
+        halve(model, component)
     layers = native_module(model).layers
     ways = [hooked(module) for block in layers for module in (block.attn, getattr(block, "mlp", None)) if module]
-    assert ways == ([True, True, True, False] if intervened else [False] * len(ways))
+    assert ways == ([True, True, True, False] if intervened == INTERVENED else [False] * len(ways))
     batches = [b for b, g in zip(task.val_batches(), task.val_groups()) if g == "val"]
     comps = components(model)
     means = position_means(model, batches, {h for _, h, _ in comps})
@@ -177,6 +194,22 @@ def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, ar
     # a subsample: fewer inputs, the same components
     sub = ablation_scores(model, task, mode, sample=12, mean_over=None)
     assert set(sub) == set(expected) and sub["clean"]["loss"] != pytest.approx(expected["clean"][0], rel=1e-9)
+
+
+def test_a_global_forward_hook_makes_every_module_run_again(task):
+    """A hook on every module (`register_module_forward_hook`) acts inside the ablated module too,
+    so `hooked` says so and the ablation runs the module again."""
+    from phasewatch.models import native_module
+    from phasewatch.probes.ablation import hooked
+
+    attn = native_module(build_model(ModelConfig(attention="bidirectional", seed=2), task)).layers[0].attn
+    assert not hooked(attn)
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+    try:
+        assert hooked(attn)
+    finally:
+        handle.remove()
+    assert not hooked(attn)
 
 
 def test_a_sample_weighs_each_length_as_the_whole_held_out_set_does(task):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from phasewatch.probes.tracr_match import cka_matrix, cka_side, linear_cka, pattern_overlap, probe_accuracy, site_name
+from phasewatch.probes.tracr_match import attention_match, cka_matrix, cka_side, linear_cka, pattern_overlap, probe_accuracy, site_name
 
 
 def test_pattern_overlap_is_one_for_equal_patterns_and_the_target_mass_for_one_hot():
@@ -78,3 +78,33 @@ def test_the_cka_matrix_counts_a_column_that_several_representations_share_in_ea
         for j, y in enumerate(ys):
             assert float(matrix[i, j]) == pytest.approx(linear_cka(x, y), abs=1e-12)
     assert matrix[1, 0] == pytest.approx(1.0) and matrix[2].eq(0).all()
+
+
+def shift(n: int, by: int) -> torch.Tensor:
+    """An [n, n] pattern: each query attends `by` positions back (the first `by` to position 0)."""
+    return torch.nn.functional.one_hot((torch.arange(n) - by).clamp_min(0), n).double()
+
+
+def test_attention_match_finds_the_head_and_the_two_head_path_that_make_a_compiled_pattern():
+    """Hand-built patterns on 6 positions: compiled head L0H0 looks 1 back, L1H0 looks 2 back.
+    The learned model's L0H2 looks 1 back, its L1H3 1 back, every other head at position 0: the
+    best single head for L0H0 is L0H2 (overlap 1); looking 2 back is no single head's, but head 3
+    of layer 1 reading through head 2 of layer 0 (paths[ref, 1, 3, 0, 2]) does it exactly."""
+    n, uniform = 6, shift(6, 6)  # every query at position 0
+    learned = torch.stack([torch.stack([uniform, uniform, shift(n, 1), uniform]),
+                           torch.stack([uniform, uniform, uniform, shift(n, 1)])])  # [layer, head, q, k]
+    compiled = torch.stack([shift(n, 1)[None], shift(n, 2)[None]])  # [layer, 1 head, q, k]
+    batch = 3
+    patterns, ref_patterns = [learned.expand(batch, -1, -1, -1, -1)], [compiled.expand(batch, -1, -1, -1, -1)]
+    single, paths = attention_match(patterns, ref_patterns, [(0, 0), (1, 0)])
+    assert single.shape == (2, 2, 4) and paths.shape == (2, 2, 4, 2, 4)
+    assert single[0, 0, 2] == 1.0 and int(single[0].argmax()) == 2  # L0H2
+    assert single[1].max() < 0.5  # no single head looks 2 back
+    assert paths[1, 1, 3, 0, 2] == 1.0
+    assert torch.unravel_index(paths[1].argmax(), paths[1].shape) == (1, 3, 0, 2)
+    assert paths[1, 1, 2, 0, 3] < 0.5  # the other way round (head 2 of layer 1 through head 3 of layer 0) is not it
+    # two lengths: the mean of each length's mean
+    short = [p[:, :, :, :4, :4] for p in patterns], [p[:, :, :, :4, :4] for p in ref_patterns]
+    both = attention_match(patterns + short[0], ref_patterns + short[1], [(1, 0)])
+    one = attention_match(short[0], short[1], [(1, 0)])
+    assert torch.allclose(both[1], (paths[1:] + one[1]) / 2)
