@@ -24,8 +24,9 @@ component ablated (one per component, a pass per layer and kind) start from it a
 component's attention layer or MLP, which runs again on them with the component replaced
 where a hook is on it (hooks already on the model, e.g. an intervention's, act as in a full
 pass; without one, the replaced output is computed from the clean pass: the value itself, or
-for a head the clean output plus (value - z_head) W_O[head]), then only what comes after it (exact: what comes before is the clean pass's; bench/README.md,
-`probe_overhead.py`; both options null for the whole set). The
+for a head the clean output plus (value - z_head) W_O[head]), then only what comes after it
+(exact: what comes before is the clean pass's; bench/README.md, `probe_overhead.py`; both
+options null for the whole set). The
 sample is the same at every step, so the series move only as the model does.
 """
 
@@ -167,15 +168,14 @@ class _Clean(ResidualPass):
         replaced is the value; a head's is the clean output changed by its part of W_O,
         (value - z_head) W_O[head] (the attention output is linear in each head's z), so
         the module does not run again."""
-        clean = self.attn[layer] if kind == "attn" else None
+        attn = self.native.layers[layer].attn
         outs = []
         for head, value in values:
             if head is None:
                 outs.append(torch.zeros_like(self.pre[layer]) + value)
-            else:
-                attn = self.native.layers[layer].attn
+            else:  # only attention layers have heads
                 rows = slice(head * attn.d_head, (head + 1) * attn.d_head)
-                outs.append(clean + (value - self.z[layer][..., rows]) @ attn.o.weight[:, rows].T)
+                outs.append(self.attn[layer] + (value - self.z[layer][..., rows]) @ attn.o.weight[:, rows].T)
         return torch.cat(outs)
 
     def run_from(self, layer: int, kind: str, out: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,8 @@ class ResidualPass:
 
         handles = []
         for block in native.layers:  # registered last: they see what earlier hooks made of the values
-            handles.append(block.hook_in.register_forward_hook(keep_pre))  # what the block reads: after hook_resid_pre's hooks
+            # what the block reads: the output of its hook_in (hook_resid_pre), after any hook on it
+            handles.append(block.hook_in.register_forward_hook(keep_pre))
             handles.append(block.attn.register_forward_hook(keep_attn))
             handles.append(block.attn.o.register_forward_pre_hook(keep_z))
         handles.append(native.layers[-1].register_forward_hook(keep_post))

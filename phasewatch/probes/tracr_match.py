@@ -86,8 +86,10 @@ def centred(t: Tensor) -> tuple[Tensor, Tensor]:
     constant (zero once centred) add nothing to either and are dropped: most of a compiled
     model's residual dimensions at a site are written only later, or never on these inputs."""
     t = (t - t.mean(0)).double()
-    varies = t.abs().amax(0) > 0 if len(t) else None
-    t = t[:, varies] if varies is not None and not varies.all() else t  # a copy only where a column goes
+    if len(t):
+        varies = t.abs().amax(0) > 0
+        if not varies.all():  # a copy only where a column goes
+            t = t[:, varies]
     return t, torch.linalg.matrix_norm(t.T @ t)
 
 
