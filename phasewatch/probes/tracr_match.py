@@ -137,11 +137,18 @@ def cka_matrix(xs: list[Tensor], ys: list[Tensor] | None = None, prepared: CkaSi
 
 
 def _standardised(x_train: Tensor, x_test: Tensor) -> tuple[Tensor, Tensor]:
-    """Both sets standardised with the training set's mean and deviation, a bias column added
+    """Both sets standardised (float64) with the training set's mean and deviation
     ([..., rows, features]: leading dimensions, such as several residual sites, each on its own)."""
     x_train, x_test = x_train.double(), x_test.double()
-    mean, std = x_train.mean(-2, keepdim=True), x_train.std(-2, keepdim=True).clamp_min(1e-6)
-    return tuple(torch.cat([(x - mean) / std, torch.ones(*x.shape[:-1], 1, dtype=x.dtype)], -1) for x in (x_train, x_test))
+    mean = x_train.mean(-2, keepdim=True)
+    x_train, x_test = x_train - mean, x_test - mean
+    std = (x_train.square().sum(-2, keepdim=True) / max(x_train.shape[-2] - 1, 1)).sqrt().clamp_min(1e-6)
+    return x_train / std, x_test / std
+
+
+def _with_bias(x: Tensor) -> Tensor:
+    """A column of ones added (the bias of the least-squares and logistic classifiers)."""
+    return torch.cat([x, torch.ones(*x.shape[:-1], 1, dtype=x.dtype)], -1)
 
 
 def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
@@ -152,6 +159,7 @@ def probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Ten
 
 
 def _lstsq(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, ridge: float = 1e-3) -> float:
+    a, test = _with_bias(a), _with_bias(test)
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
     gram = a.T @ a
@@ -174,24 +182,26 @@ def _lda(a: Tensor, test: Tensor, y_trains: list[Tensor], y_tests: list[Tensor],
          ) -> list[list[float]]:
     """LDA for several variables on each of several feature sets (a: [sets, rows, features],
     from `_standardised`) at once, one batched solve: the within-class scatter of each is the
-    features' Gram matrix less its classes' n_c mu_c mu_c^T. Accuracies [set][variable]."""
-    a, test = a[..., :-1], test[..., :-1]  # LDA's bias comes from the class means
-    n_classes = max(int(max(y.max(), t.max())) + 1 for y, t in zip(y_trains, y_tests))
-    onehot = torch.stack([torch.nn.functional.one_hot(y, n_classes) for y in y_trains]).double()  # [var, n, class]
-    counts = onehot.sum(1)  # [var, class]
+    features' Gram matrix less its classes' n_c mu_c mu_c^T. The classes of all variables side
+    by side, each variable's own only (0 to its largest label). Accuracies [set][variable]."""
+    sizes = [int(max(y.max(), t.max())) + 1 for y, t in zip(y_trains, y_tests)]
+    onehot = torch.cat([torch.nn.functional.one_hot(y, k) for y, k in zip(y_trains, sizes)], 1).double()  # [n, class]
+    counts = onehot.sum(0)  # [class]
+    owner = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))  # class -> its variable
+    member = torch.nn.functional.one_hot(owner, len(sizes)).T.double()  # [var, class]
+    means = (onehot.T @ a) / counts.clamp_min(1)[:, None]  # [set, class, feature]: one product per set
+    gram = a.transpose(1, 2) @ a  # [set, feature, feature]
+    scatter = gram[:, None] - torch.einsum("vc,scd,sce->svde", member, means * counts[:, None], means)
     present = counts > 0
-    sets, n_vars, n_features = len(a), len(y_trains), a.shape[-1]
-    sums = a.transpose(1, 2) @ onehot.permute(1, 0, 2).flatten(1)  # [set, feature, var x class]: one product per set
-    means = sums.view(sets, n_features, n_vars, n_classes).permute(0, 2, 3, 1) / counts.clamp_min(1)[..., None]
-    scatter = (a.transpose(1, 2) @ a)[:, None] - torch.einsum("vk,svkd,svke->svde", counts, means, means)
-    cov = scatter / (a.shape[1] - present.sum(1)).clamp_min(1)[:, None, None].double()
+    cov = scatter / (a.shape[1] - member @ present.double()).clamp_min(1)[:, None, None]  # [set, var, d, d]
     cov = cov + (shrinkage * cov.diagonal(dim1=-2, dim2=-1).mean(-1) + 1e-6)[..., None, None] * torch.eye(
         a.shape[-1], dtype=a.dtype)
-    weights = torch.linalg.solve(cov, means.transpose(-1, -2))  # [set, var, feature, class]
-    bias = -0.5 * (means * weights.transpose(-1, -2)).sum(-1) + torch.log(counts.clamp_min(1) / counts.sum(1, keepdim=True))
-    scores = (test @ weights.permute(0, 2, 1, 3).flatten(2)).view(sets, -1, n_vars, n_classes).transpose(1, 2)
-    scores = (scores + bias[..., None, :]).masked_fill(~present[:, None], -torch.inf)  # [set, var, row, class]
-    return scores.argmax(-1).eq(torch.stack(y_tests)).double().mean(-1).tolist()
+    solved = torch.linalg.solve(cov, means.transpose(-1, -2)[:, None])  # [set, var, feature, class]
+    weights = solved[:, owner, :, torch.arange(len(owner))].permute(1, 2, 0)  # each class by its variable's: [set, d, class]
+    bias = -0.5 * (means * weights.transpose(-1, -2)).sum(-1) + torch.log(counts.clamp_min(1) / len(a[0]))
+    scores = (test @ weights + bias[:, None]).masked_fill(~present, -torch.inf)  # [set, row, class]
+    right = [part.argmax(-1).eq(y) for part, y in zip(scores.split(sizes, -1), y_tests)]  # [set, row] per variable
+    return torch.stack(right, 1).double().mean(-1).tolist()
 
 
 def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor,
@@ -204,6 +214,7 @@ def logistic_probe_accuracy(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_
 
 
 def _logistic(a: Tensor, test: Tensor, y_train: Tensor, y_test: Tensor, l2: float = 1e-4, max_iter: int = 50) -> float:
+    a, test = _with_bias(a), _with_bias(test)
     n, d = a.shape
     n_classes = int(max(y_train.max(), y_test.max())) + 1
     targets = torch.nn.functional.one_hot(y_train, n_classes).double()
@@ -244,7 +255,7 @@ def _each(fit: Callable[..., float]) -> Callable[..., list[list[float]]]:
 
 
 #: each classifier's fits and held-out accuracies [feature set][variable], on feature sets
-#: [sets, rows, features] from `_standardised` (with their bias column); LDA fits them all
+#: [sets, rows, features] from `_standardised`; LDA fits them all
 #: in one batched solve
 CLASSIFIERS = {"lda": _lda, "logistic": _each(_logistic), "lstsq": _each(_lstsq)}
 

@@ -59,3 +59,19 @@ def test_the_probe_classifiers_on_standardised_features_are_the_public_ones(name
         for i, target in enumerate((y, noise)):
             assert per_site[i] == pytest.approx(public(site[:150], target[:150], site[150:], target[150:]), abs=1e-12)
     assert got[0][0] > 0.5 and got[0][1] < 0.4 and got[1][0] < 0.5
+
+
+def test_lda_never_names_a_class_that_training_did_not_have():
+    """A label seen only in the held-out half (4) has no class mean to score with: LDA picks
+    among the trained classes, even for inputs far from all of them (where a zero mean and
+    its prior would win), and calls only the untrained label's row wrong."""
+    g = torch.Generator().manual_seed(3)
+    y = torch.arange(4).repeat(50)
+    x = torch.nn.functional.one_hot(y, 4).double() + 0.05 * torch.randn(200, 4, generator=g, dtype=torch.float64)
+    far = torch.tensor([[0.0, -10.0, -10.0, -10.0]]).repeat(9, 1)  # nearest to class 0 by far, and far from all
+    x_test, y_test = torch.cat([far, torch.zeros(1, 4, dtype=torch.float64)]), torch.tensor([0] * 9 + [4])
+    assert lda_probe_accuracy(x, y, x_test, y_test) == 0.9
+    sites = torch.stack([x, x])  # and batched with a second variable beside it
+    a, test = _standardised(sites, torch.stack([x_test, x_test]))
+    got = CLASSIFIERS["lda"](a, test, [y, y % 2], [y_test, y_test % 2])
+    assert [row[0] for row in got] == [0.9, 0.9]
