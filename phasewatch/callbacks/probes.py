@@ -5,7 +5,8 @@ schedule (log-spaced by default) at the start of the step, when the weights are 
 after `step` updates and everything earlier has been logged; cheap probes also run at
 every validation. While the transition watcher has an onset pending (adaptive resolution,
 callbacks/transitions.py), the probes of the shared schedule, cheap ones included, also run
-at the steps of its dense grid; with a `budget` (e.g. 0.1), such an extra run happens only
+at the steps of its dense grid: those that log a series in transition, and all of them while
+one that no probe logs is (the loss, the accuracy: `dense_probes`); with a `budget` (e.g. 0.1), such an extra run happens only
 while the probes' time so far, with this run, stays within that share of the run's other
 time so far (the probes' cost is measured as the run goes: their first run, which compiles
 and caches, is not counted). Without one (the default) a run is reproducible: which extra
@@ -31,7 +32,7 @@ import torch
 
 from phasewatch.callbacks.loggers import run_folder
 from phasewatch.callbacks.schedule import Schedule
-from phasewatch.callbacks.transitions import dense_now
+from phasewatch.callbacks.transitions import dense_metrics, dense_probes
 from phasewatch.errors import require
 from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.probes.keys import is_tracked
@@ -76,6 +77,7 @@ class ProbeRunner(pl.Callback):
         self._steps: set[int] = set()
         self._probes: list = []
         self._own_steps: dict[str, set[int]] = {}
+        self._keys: dict[str, set[str]] = {}  # probe -> the scalar keys it has logged (which series are whose)
         self._validated_at: int | None = None
         self._initial = None  # a frozen copy of the model at step 0, for `initial` probes
         self._initial_state: dict | None = None  # its weights, restored from a checkpoint
@@ -88,6 +90,8 @@ class ProbeRunner(pl.Callback):
             get_probe(name, task)
         own = {p.name: Schedule(**p.schedule) for p in self._probes if p.schedule} | self.schedules
         self._steps = set(self.schedule.resolve(trainer.max_steps))
+        for p in self._probes:
+            self._keys.setdefault(p.name, set())
         self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in own.items()}
 
     # --- when ---------------------------------------------------------------------
@@ -96,11 +100,13 @@ class ProbeRunner(pl.Callback):
         """The probes due at this step: those on their own schedule when it has the step,
         the others when the shared schedule has it. Cheap probes that run at every
         validation join only at step 0, the initial-weights baseline. Adaptive resolution
-        adds the others at the steps of its dense grid, as long as the budget allows."""
+        adds those whose series are in transition (all of them for a series that no probe logs)
+        at the steps of its dense grid, as long as the budget allows."""
         step = trainer.global_step
-        dense = dense_now(trainer)
+        wanted = dense_probes(dense_metrics(trainer), {p.name: self._keys.get(p.name, set()) for p in self._probes})
         due = []
         for p in self._probes:
+            dense = p.name in wanted
             if p.name in self._own_steps:
                 if step in self._own_steps[p.name]:
                     due.append(p)
@@ -143,6 +149,8 @@ class ProbeRunner(pl.Callback):
         results = measure(pl_module.model, pl_module.task, probes, self.options, self._initial_model(pl_module, step),
                           self.clock)
         scalars = record_results(results, run_folder(trainer), step)
+        for name, values in results.items():
+            self._keys.setdefault(name, set()).update(k for k in values if k in scalars)
         for values in results.values():
             for key, value in values.items():
                 if is_tracked(key):
@@ -175,7 +183,8 @@ class ProbeRunner(pl.Callback):
     # --- resume -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"history": {k: [[s, list(v)] for s, v in h] for k, h in self.history.items()}}
+        state: dict[str, Any] = {"history": {k: [[s, list(v)] for s, v in h] for k, h in self.history.items()},
+                                 "keys": {k: sorted(v) for k, v in self._keys.items()}}
         if self._initial is not None:
             state["initial"] = {k: v.detach().cpu() for k, v in self._initial.state_dict().items()}
         return state
@@ -183,6 +192,7 @@ class ProbeRunner(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = {k: [(int(s), list(v)) for s, v in h] for k, h in state_dict.get("history", {}).items()}
         self._initial_state = state_dict.get("initial")
+        self._keys = {k: set(v) for k, v in state_dict.get("keys", {}).items()}
 
 
 def frozen_copy(model):

@@ -25,10 +25,12 @@ and goes to every logger that records events (the run folder's events, W&B):
   again"), or at the end of training ("training ended": every onset still pending then,
   including one that later looks kept finding as a transition already confirmed).
 
-While an onset is pending (`dense_now(trainer)`), the probes of the shared schedule and the
-checkpoints also run at the steps of a denser log-spaced grid (`dense_count` points over the
+While an onset is pending (`dense_now(trainer)`), the checkpoints and the probes of the shared
+schedule also run at the steps of a denser log-spaced grid (`dense_count` points over the
 run: 200 put ~8 between a step and 1.4 x it; adaptive resolution, `ProbeRunner` and
-`ScheduledCheckpoints`), for at most `dense_for` x the onset's step.
+`ScheduledCheckpoints`), for at most `dense_for` x the onset's step: the probes that log a
+series in transition, and all of them while a series that no probe logs (the loss, the
+accuracy) is in transition (`dense_probes`).
 What was reported is kept in checkpoints, so a resumed run does not report it again.
 """
 
@@ -130,10 +132,16 @@ class TransitionWatcher(pl.Callback):
         self._dense_steps = set(Schedule(kind="log", count=self.dense_count).resolve(max_steps)) if self.dense else set()
 
     def dense_now(self, step: int) -> bool:
-        """Whether probes and checkpoints run at `step` for adaptive resolution: it is on the
-        dense grid, and an onset is pending that was found no more than `dense_for` x its step ago."""
-        return step in self._dense_steps and any(
-            step <= self.dense_for * max(p["detected_at"], 1) for p in self.pending)
+        """Whether checkpoints run at `step` for adaptive resolution: it is on the dense grid,
+        and an onset is pending that was found no more than `dense_for` x its step ago."""
+        return bool(self.dense_metrics(step))
+
+    def dense_metrics(self, step: int) -> set[str]:
+        """The series whose pending onsets make `step` dense (`dense_now`): the probes that
+        log them run there (`ProbeRunner`); none when it is not."""
+        if step not in self._dense_steps:
+            return set()
+        return {p["metric"] for p in self.pending if step <= self.dense_for * max(p["detected_at"], 1)}
 
     # --- what ---------------------------------------------------------------------
 
@@ -264,5 +272,20 @@ class TransitionWatcher(pl.Callback):
 
 
 def dense_now(trainer: pl.Trainer) -> bool:
-    """Whether the run's transition watcher asks for dense probes and checkpoints now."""
-    return any(cb.dense_now(trainer.global_step) for cb in trainer.callbacks if isinstance(cb, TransitionWatcher))
+    """Whether the run's transition watcher asks for dense checkpoints now."""
+    return bool(dense_metrics(trainer))
+
+
+def dense_metrics(trainer: pl.Trainer) -> set[str]:
+    """The series whose transitions under way ask for dense probes now (`dense_probes`)."""
+    return set().union(*(cb.dense_metrics(trainer.global_step) for cb in trainer.callbacks
+                         if isinstance(cb, TransitionWatcher)))
+
+
+def dense_probes(metrics: set[str], keys: dict[str, set[str]]) -> set[str]:
+    """The probes to run densely for transitions under way in `metrics`, given the keys each
+    probe logs (`keys`: name -> keys): a probe that logs one of them; every probe for a series
+    that no probe logs (the loss, the accuracy: the model as a whole is changing)."""
+    if any(all(m not in logged for logged in keys.values()) for m in metrics):
+        return set(keys)
+    return {name for name, logged in keys.items() if not metrics.isdisjoint(logged)}

@@ -8,7 +8,7 @@ from phasewatch.rundir import read_jsonl
 from phasewatch.trainers.wandb_logging import transition_summary
 
 from . import wandb_records
-from .test_fit import TASKS, fit
+from .test_fit import TASKS, TINY, fit
 
 
 def by_step(records) -> dict[int, dict]:
@@ -172,3 +172,25 @@ def test_a_costly_probe_can_have_its_own_sparse_schedule(tmp_path):
     assert [r["step"] for r in records if "llc/converged" in r] == [0, 12]
     assert len([r for r in records if "grok/weight_norm" in r]) > 2  # the others keep their schedule
     assert sorted((run / "arrays" / "llc" / "trace").iterdir())
+
+
+def test_adaptive_resolution_runs_densely_only_the_probes_whose_series_are_in_transition(tmp_path):
+    """A RASP run with the tracr and ablation probes: a step that adaptive resolution added
+    has a probe's values only when an onset of one of its series, or of a series that no probe
+    logs (the loss, the accuracy), was found before it and no longer ago than `dense_for`
+    (3) x its step allows; and there are such steps where one of them ran and the other did not."""
+    from phasewatch.callbacks.schedule import Schedule
+
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *TASKS["rasp"], *TINY, "--probes.names", "[tracr, ablation]",
+                 "--trainer.max_steps", "150", "--trainer.val_check_interval", "15", "--no_wandb"]) == 0
+    scheduled = set(Schedule(kind="log", count=60).resolve(150))
+    onsets = [e for e in read_jsonl(run / "events.jsonl") if e["stage"] == "onset"]
+    ran = {name: {r["step"] for r in read_jsonl(run / "metrics.jsonl") if key in r} - scheduled
+           for name, key in (("tracr", "tracr/agreement"), ("ablation", "ablation/L0.attn/acc"))}
+    for name, steps in ran.items():
+        for step in steps:
+            assert any(o["detected_at"] <= step <= 3 * o["detected_at"]
+                       and (o["metric"].startswith(f"{name}/") or o["metric"].split("/")[0] not in ran)
+                       for o in onsets), (name, step)
+    assert ran["tracr"] ^ ran["ablation"], ran  # only one of them at some added step

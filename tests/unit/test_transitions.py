@@ -324,10 +324,25 @@ def test_a_change_still_under_way_when_training_stops_is_withdrawn_and_dense_unt
     at = events[-1]["detected_at"]
     dense = [s for s in range(1, 1101) if watcher.dense_now(s)]
     assert dense and set(dense) <= set(grid) and max(dense) <= 1.5 * at
+    assert all(watcher.dense_metrics(s) == {"val/loss"} for s in dense)  # what is in transition there
     assert len([s for s in grid if at < s <= 1.5 * at]) >= 8  # ~8 grid steps per factor 1.4
     final = watcher.update({"val/loss": (steps, values)}, 1100, final=True)
     assert [(e["stage"], e["reason"]) for e in final] == [("withdrawn", "training ended")]
     assert not watcher.pending and not any(watcher.dense_now(s) for s in grid)
+
+
+def test_adaptive_resolution_runs_the_probes_whose_series_are_in_transition():
+    """A transition in a probe's series makes that probe dense; one in a series that no probe
+    logs (the loss, the accuracy) makes every probe dense."""
+    from phasewatch.callbacks.transitions import dense_probes
+
+    keys = {"tracr": {"tracr/agreement", "tracr/cka/resid_pre0"}, "ablation": {"ablation/L0.attn/acc"},
+            "composition": {"comp/k/max"}, "heads": set()}  # heads: has not logged yet
+    assert dense_probes(set(), keys) == set()
+    assert dense_probes({"tracr/cka/resid_pre0"}, keys) == {"tracr"}
+    assert dense_probes({"tracr/agreement", "comp/k/max"}, keys) == {"tracr", "composition"}
+    assert dense_probes({"val/loss"}, keys) == set(keys)
+    assert dense_probes({"comp/k/max", "train/acc"}, keys) == set(keys)
 
 
 def _departures(steps, values, start=5):
