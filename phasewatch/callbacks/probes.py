@@ -5,10 +5,11 @@ schedule (log-spaced by default) at the start of the step, when the weights are 
 after `step` updates and everything earlier has been logged; cheap probes also run at
 every validation. While the transition watcher has an onset pending (adaptive resolution,
 callbacks/transitions.py), the probes of the shared schedule, cheap ones included, also run
-at the steps of its dense grid: those that log a series in transition, and all of them while
-one that no probe logs is (the loss, the accuracy: `dense_probes`); with a `budget` (e.g. 0.1), such an extra run happens only
-while the probes' time so far, with this run, stays within that share of the run's other
-time so far (the probes' cost is measured as the run goes: their first run, which compiles
+at the steps of its dense grid: the cheap ones and those that log a series in transition,
+and all of them while one that no probe logs is (the loss, the accuracy: `dense_probes`);
+with a `budget` (e.g.
+0.1), such an extra run happens only while the probes' time so far, with this run, stays
+within that share of the run's other time so far (the probes' cost is measured as the run goes: their first run, which compiles
 and caches, is not counted). Without one (the default) a run is reproducible: which extra
 steps a budget leaves out depends on how fast the machine is. Probes on a schedule of their own (the LLC: costly) keep it.
 Scalars go to every logger under the step; arrays are saved in the run folder
@@ -100,10 +101,11 @@ class ProbeRunner(pl.Callback):
         """The probes due at this step: those on their own schedule when it has the step,
         the others when the shared schedule has it. Cheap probes that run at every
         validation join only at step 0, the initial-weights baseline. Adaptive resolution
-        adds those whose series are in transition (all of them for a series that no probe logs)
-        at the steps of its dense grid, as long as the budget allows."""
+        adds the cheap ones and those whose series are in transition (all of them for a series
+        that no probe logs) at the steps of its dense grid, as long as the budget allows."""
         step = trainer.global_step
-        wanted = dense_probes(dense_metrics(trainer), {p.name: self._keys.get(p.name, set()) for p in self._probes})
+        wanted = dense_probes(dense_metrics(trainer), {p.name: self._keys.get(p.name, set()) for p in self._probes},
+                              {p.name for p in self._probes if p.cheap})
         due = []
         for p in self._probes:
             dense = p.name in wanted

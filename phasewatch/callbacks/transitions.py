@@ -28,9 +28,9 @@ and goes to every logger that records events (the run folder's events, W&B):
 While an onset is pending (`dense_now(trainer)`), the checkpoints and the probes of the shared
 schedule also run at the steps of a denser log-spaced grid (`dense_count` points over the
 run: 200 put ~8 between a step and 1.4 x it; adaptive resolution, `ProbeRunner` and
-`ScheduledCheckpoints`), for at most `dense_for` x the onset's step: the probes that log a
-series in transition, and all of them while a series that no probe logs (the loss, the
-accuracy) is in transition (`dense_probes`).
+`ScheduledCheckpoints`), for at most `dense_for` x the onset's step: the cheap probes and
+those that log a series in transition, and all of them while a series that no probe logs
+(the loss, the accuracy) is in transition (`dense_probes`).
 What was reported is kept in checkpoints, so a resumed run does not report it again.
 """
 
@@ -282,10 +282,13 @@ def dense_metrics(trainer: pl.Trainer) -> set[str]:
                          if isinstance(cb, TransitionWatcher)))
 
 
-def dense_probes(metrics: set[str], keys: dict[str, set[str]]) -> set[str]:
+def dense_probes(metrics: set[str], keys: dict[str, set[str]], cheap: set[str] = frozenset()) -> set[str]:
     """The probes to run densely for transitions under way in `metrics`, given the keys each
-    probe logs (`keys`: name -> keys): a probe that logs one of them; every probe for a series
-    that no probe logs (the loss, the accuracy: the model as a whole is changing)."""
+    probe logs (`keys`: name -> keys): a probe that logs one of them, and the `cheap` ones
+    (those that run at every validation); every probe for a series that no probe logs (the
+    loss, the accuracy: the model as a whole is changing)."""
+    if not metrics:
+        return set()
     if any(all(m not in logged for logged in keys.values()) for m in metrics):
         return set(keys)
-    return {name for name, logged in keys.items() if not metrics.isdisjoint(logged)}
+    return {name for name, logged in keys.items() if name in cheap or not metrics.isdisjoint(logged)}

@@ -332,8 +332,9 @@ def test_a_change_still_under_way_when_training_stops_is_withdrawn_and_dense_unt
 
 
 def test_adaptive_resolution_runs_the_probes_whose_series_are_in_transition():
-    """A transition in a probe's series makes that probe dense; one in a series that no probe
-    logs (the loss, the accuracy) makes every probe dense."""
+    """A transition in a probe's series makes that probe dense, and the cheap probes (those
+    that run at every validation); one in a series that no probe logs (the loss, the
+    accuracy) makes every probe dense."""
     from phasewatch.callbacks.transitions import dense_probes
 
     keys = {"tracr": {"tracr/agreement", "tracr/cka/resid_pre0"}, "ablation": {"ablation/L0.attn/acc"},
@@ -343,6 +344,10 @@ def test_adaptive_resolution_runs_the_probes_whose_series_are_in_transition():
     assert dense_probes({"tracr/agreement", "comp/k/max"}, keys) == {"tracr", "composition"}
     assert dense_probes({"val/loss"}, keys) == set(keys)
     assert dense_probes({"comp/k/max", "train/acc"}, keys) == set(keys)
+    cheap = {"composition", "heads"}
+    assert dense_probes(set(), keys, cheap) == set()
+    assert dense_probes({"tracr/agreement"}, keys, cheap) == {"tracr", "composition", "heads"}
+    assert dense_probes({"ablation/L0.attn/acc"}, keys, cheap) == {"ablation", "composition", "heads"}
 
 
 def _departures(steps, values, start=5):
