@@ -1,8 +1,9 @@
 """Probe overhead: the time of one probe run as a ratio to one training step, and the
 training-time overhead of the default probe schedule (target: under 10%).
 
-Both measured in this process on the same model: a training step (forward, backward,
-AdamW) of the task's natural batch, and each default probe of the task; then the
+Both measured in this process on the same model, interleaved (four training steps, then each
+probe once, `--repeats` times; medians): a training step (forward, backward, AdamW) of the
+task's natural batch, and each default probe of the task; then the
 overhead of the default schedule = probe runs x probe time / (max_steps x step time).
 Two counts of runs: the schedule's (shared log-spaced schedule; cheap probes at every
 validation), and the most that adaptive resolution can add (`TransitionWatcher`: every
@@ -31,16 +32,6 @@ from phasewatch.callbacks.schedule import Schedule
 from phasewatch.trainers.module import masked_loss
 
 
-def timed(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def measure(config: str, repeats: int) -> list[dict]:
     """One row per default probe of the config: its time, in training steps, runs and overhead."""
     cfg, module = build_from_config(config)
@@ -55,7 +46,6 @@ def measure(config: str, repeats: int) -> list[dict]:
         loss.backward()
         opt.step()
 
-    step_s = timed(step, repeats * 4)
     max_steps = cfg["trainer"]["max_steps"]
     val_every = cfg["trainer"].get("val_check_interval", 25)
     probes_cfg = cfg.get("probes") or {}
@@ -64,14 +54,30 @@ def measure(config: str, repeats: int) -> list[dict]:
     options = probes_cfg.get("options") or {}
     validations = set(range(val_every, max_steps + 1, val_every))
     dense = set(Schedule(kind="log", count=TransitionWatcher().dense_count).resolve(max_steps))
-    print(f"{config}: one training step {step_s * 1e3:.1f} ms; {max_steps} steps", file=sys.stderr)
-    rows = []
-    for name in probes_cfg.get("names") or default_probes(task):
-        probe = get_probe(name, task)
+    probes = {name: get_probe(name, task) for name in probes_cfg.get("names") or default_probes(task)}
+
+    def probe_run(name):
         module.model.eval()
         with torch.no_grad():
-            probe_s = timed(lambda: probe(module.model, task, **options.get(name, {})), repeats)
+            probes[name](module.model, task, **options.get(name, {}))
         module.model.train()
+
+    # interleaved (4 steps, then each probe once, `repeats` times; medians): this machine's
+    # speed drifts, and the ratio of probe to step time is what the table reports
+    times: dict[str, list[float]] = {"step": [], **{name: [] for name in probes}}
+    jobs = [("step", step)] * 4 + [(name, lambda name=name: probe_run(name)) for name in probes]
+    for _, job in jobs:
+        job()  # a first run: compiles and caches
+    for _ in range(repeats):
+        for name, job in jobs:
+            started = time.perf_counter()
+            job()
+            times[name].append(time.perf_counter() - started)
+    step_s = statistics.median(times["step"])
+    print(f"{config}: one training step {step_s * 1e3:.1f} ms; {max_steps} steps", file=sys.stderr)
+    rows = []
+    for name, probe in probes.items():
+        probe_s = statistics.median(times[name])
         steps = validations if probe.cheap else scheduled
         rows.append(dict(config=config, probe=name, ms=probe_s * 1e3, in_steps=probe_s / step_s,
                          runs=len(steps), runs_dense=len(steps | dense), cheap=probe.cheap,
