@@ -460,8 +460,9 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
         per_len.append(agree)
     out["tracr/agreement"] = sum(per_len) / len(per_len)
 
+    w_o = reference.W_O.detach()  # the bridge stacks every block's weights at each access: once
     active = [(layer, head) for layer in range(reference.cfg.n_layers) for head in range(reference.cfg.n_heads)
-              if float(reference.W_O[layer, head].detach().abs().sum()) > 0]
+              if float(w_o[layer, head].abs().sum()) > 0]
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     single, paths = attention_match(patterns, ref_patterns, active)
     labels = []
