@@ -7,10 +7,9 @@ every validation. While the transition watcher has an onset pending (adaptive re
 callbacks/transitions.py), the probes of the shared schedule, cheap ones included, also run
 at the steps of its dense grid: the cheap ones and those that log a series in transition,
 and all of them while one that no probe logs is (the loss, the accuracy: `dense_probes`);
-with a `budget` (e.g.
-0.1), such an extra run happens only while the probes' time so far, with this run, stays
-within that share of the run's other time so far (the probes' cost is measured as the run goes: their first run, which compiles
-and caches, is not counted). Without one (the default) a run is reproducible: which extra
+with a `budget` (e.g. 0.1), such an extra run happens only while the probes' time so far,
+with this run, stays within that share of the run's other time so far (the probes' cost is
+measured as the run goes: their first run, which compiles and caches, is not counted). Without one (the default) a run is reproducible: which extra
 steps a budget leaves out depends on how fast the machine is. Probes on a schedule of their own (the LLC: costly) keep it.
 Scalars go to every logger under the step; arrays are saved in the run folder
 (`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking

@@ -87,9 +87,10 @@ class TransitionWatcher(pl.Callback):
     settle: confirm a transition once the run has reached `settle` x its end step...
     points_after: ... and the series has this many values after its end (at the end of
         training every transition found is confirmed).
-    dense: while an onset is pending, run the scheduled probes and checkpoints also at the
-        steps of a log-spaced grid of `dense_count` points (adaptive resolution; False keeps
-        them on their schedules)...
+    dense: while an onset is pending, run checkpoints and scheduled probes (the cheap ones,
+        those that log a series in transition, every one for a series no probe logs:
+        `dense_probes`) also at the steps of a log-spaced grid of `dense_count` points
+        (adaptive resolution; False keeps them on their schedules)...
     dense_for: ... until confirmation or withdrawal, for at most this multiple of the onset's
         `detected_at` step.
     departures: also give an onset when a series' newest points leave its recent trend
@@ -285,8 +286,9 @@ def dense_metrics(trainer: pl.Trainer) -> set[str]:
 def dense_probes(metrics: set[str], keys: dict[str, set[str]], cheap: set[str] = frozenset()) -> set[str]:
     """The probes to run densely for transitions under way in `metrics`, given the keys each
     probe logs (`keys`: name -> keys): a probe that logs one of them, and the `cheap` ones
-    (those that run at every validation); every probe for a series that no probe logs (the
-    loss, the accuracy: the model as a whole is changing)."""
+    (cheap enough to run at every validation); every probe for a series that no probe logs
+    (the loss, the accuracy, any other series of the training loop: the model as a whole is
+    changing)."""
     if not metrics:
         return set()
     if any(all(m not in logged for logged in keys.values()) for m in metrics):

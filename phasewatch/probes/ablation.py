@@ -12,8 +12,9 @@ answer token) and `ablation/<component>/acc` (accuracy with it ablated), where
 <component> is `L<l>H<h>` (head h of layer l, ablated through `hook_z`, before W_O),
 `L<l>.attn` or `L<l>.mlp`. Array: `necessary_components` (those whose ablation costs
 more than `threshold` of accuracy; changes are printed during training).
-Loss and accuracy are summed over the held-out batches token by token, as `val/loss` (its
-cross-entropy in the task's `loss_dtype`, the sums in float64; the
+Loss and accuracy are summed over the held-out batches token by token, as `val/loss` (the
+cross-entropy in the task's `loss_dtype`, float32 but for grokking, whatever
+`--model.loss_dtype` says; the sums in float64; the
 `val` set only: a length-generalisation run's longer lengths, `val_longer`, are left out),
 estimated from a fixed sample of `sample` (64) held-out sequences drawn from every batch in
 proportion to its size (a RASP task's batches hold one length each; at least one of each,
@@ -257,7 +258,7 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
         """The weighted loss and accuracy sums of each copy of the batch in `logits`, in one go."""
         picked = logits.unflatten(0, (len(labels), size))[:, joined.loss_mask]  # [copy, answer, vocab]
         loss = torch.nn.functional.cross_entropy(picked.flatten(0, 1).to(task.loss_dtype), targets.repeat(len(labels)),
-                                                 reduction="none").view(len(labels), -1)  # in the dtype of val/loss
+                                                 reduction="none").view(len(labels), -1)  # in the task's loss dtype
         correct = picked.argmax(-1).eq(targets)
         sums = (torch.stack([loss.double(), correct.double(), torch.ones_like(loss, dtype=torch.float64)], 1)
                 * weight).sum(-1)  # [copy, 3], one reduction

@@ -350,6 +350,21 @@ def test_adaptive_resolution_runs_the_probes_whose_series_are_in_transition():
     assert dense_probes({"ablation/L0.attn/acc"}, keys, cheap) == {"ablation", "composition", "heads"}
 
 
+def test_the_probe_runner_keeps_which_probe_logs_which_series_across_a_resume():
+    """What adaptive resolution needs to know (`ProbeRunner._keys`) is in the runner's checkpoint
+    state; a checkpoint without it (an older phasewatch's) knows nothing yet."""
+    from phasewatch.callbacks.probes import ProbeRunner
+
+    runner = ProbeRunner(names=[])
+    runner._keys = {"tracr": {"tracr/agreement", "tracr/cka/resid_pre0"}, "ablation": set()}
+    resumed = ProbeRunner(names=[])
+    resumed.load_state_dict(runner.state_dict())
+    assert resumed._keys == runner._keys
+    older = ProbeRunner(names=[])
+    older.load_state_dict({"history": {}})
+    assert older._keys == {}
+
+
 def _departures(steps, values, start=5):
     """The departure test at every prefix of a series (a look after each logged point)."""
     from phasewatch.probes.transitions import departure
