@@ -9,8 +9,9 @@ at the steps of its dense grid: the cheap ones and those that log a series in tr
 and all of them while one that no probe logs is (the loss, the accuracy: `dense_probes`);
 with a `budget` (e.g. 0.1), such an extra run happens only while the probes' time so far,
 with this run, stays within that share of the run's other time so far (the probes' cost is
-measured as the run goes: their first run, which compiles and caches, is not counted). Without one (the default) a run is reproducible: which extra
-steps a budget leaves out depends on how fast the machine is. Probes on a schedule of their own (the LLC: costly) keep it.
+measured as the run goes: their first run, which compiles and caches, is not counted).
+Without one (the default) a run is reproducible: which extra steps a budget leaves out
+depends on how fast the machine is. Probes on a schedule of their own (the LLC: costly) keep it.
 Scalars go to every logger under the step; arrays are saved in the run folder
 (`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
 key frequencies, the induction / previous-token heads, the composing head pairs) are
@@ -90,8 +91,6 @@ class ProbeRunner(pl.Callback):
             get_probe(name, task)
         own = {p.name: Schedule(**p.schedule) for p in self._probes if p.schedule} | self.schedules
         self._steps = set(self.schedule.resolve(trainer.max_steps))
-        for p in self._probes:
-            self._keys.setdefault(p.name, set())
         self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in own.items()}
 
     # --- when ---------------------------------------------------------------------
@@ -152,7 +151,6 @@ class ProbeRunner(pl.Callback):
         scalars = record_results(results, run_folder(trainer), step)
         for name, values in results.items():
             self._keys.setdefault(name, set()).update(k for k in values if k in scalars)
-        for values in results.values():
             for key, value in values.items():
                 if is_tracked(key):
                     self._track(step, key, [str(v) for v in value], getattr(trainer, "member", None))
