@@ -45,7 +45,8 @@ else
     STEPS=300; MEMBERS=${MEMBERS:-"1 16 64"}; GROK=${GROK_STEPS:-12000}; CHAINS="2 8"; DRAWS=100
 fi
 # what runs (PARTS), and settings a second sitting may change: GROK_PARTS and GROK_STATE (a
-# state file of earlier grokking parts, carried along), POP_CONFIGS, MEMBERS (not in quick mode).
+# state file of earlier grokking parts, carried along), GROK_STEPS, POP_CONFIGS, MEMBERS (not in
+# quick mode), and each part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S).
 # The parts' limits add up to 560 s: with the install, one lent machine's 10-minute command
 # holds all four only just; give a second sitting the parts the first did not finish.
 PARTS=${PARTS:-"test_gpu grokking population llc"}
@@ -58,12 +59,12 @@ POP_CONFIGS=${POP_CONFIGS:-"configs/induction_2l.yaml configs/reverse.yaml confi
 # in the order of what matters most: correctness on the device, then the timings
 for p in $PARTS; do
     case $p in
-    test_gpu) part test_gpu 150 python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py ;;
-    grokking) part grokking 200 python3 bench/gpu_grokking.py --device "$DEVICE" --steps "$GROK" --out "$OUT/RESULTS.md" \
+    test_gpu) part test_gpu "${TEST_GPU_S:-150}" python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py ;;
+    grokking) part grokking "${GROK_S:-200}" python3 bench/gpu_grokking.py --device "$DEVICE" --steps "$GROK" --out "$OUT/RESULTS.md" \
         --state "$OUT/grok_state.json" --parts "${GROK_PARTS:-loop,fit,bare}" ;;
-    population) part population 150 python3 bench/population.py --part train --markdown --device "$DEVICE" \
+    population) part population "${POP_S:-150}" python3 bench/population.py --part train --markdown --device "$DEVICE" \
         --config $POP_CONFIGS --members $MEMBERS --steps "$STEPS" ;;
-    llc) part llc 60 python3 bench/population.py --part llc --markdown --device "$DEVICE" --config configs/induction_2l.yaml \
+    llc) part llc "${LLC_S:-60}" python3 bench/population.py --part llc --markdown --device "$DEVICE" --config configs/induction_2l.yaml \
         configs/reverse.yaml --chains $CHAINS --draws "$DRAWS" --burn_in 50 ;;
     esac
 done
