@@ -17,7 +17,7 @@ and goes to every logger that records events (the run folder's events, W&B):
 - `confirmed`: the transition with onset, midpoint, end and magnitude (the event format of
   DESIGN.md plus `stage`), once it has been seen in two looks (the first gives its onset
   event, unless it had long ended when first found), the run has reached `settle` x its end step and the series has `points_after` more
-  values after its end; at the end of training, every transition found. A transition found
+  values after its end, without a departure in its direction from one of them on (`_moving_on`); at the end of training, every transition found. A transition found
   again later with more than `GROWN` times the magnitude is a new one (the start of a change
   can look finished before the rest of it comes).
 - `withdrawn`: an onset that no confirmed transition took up: when the run has reached
@@ -73,6 +73,15 @@ def _continues(pending: dict, event: dict) -> bool:
     """`event` is the change of a pending onset, which has been under way from its onset to the
     last look that found it."""
     return _same({**pending, "end": pending.get("seen_at", pending["detected_at"])}, event)
+
+
+def _moving_on(event: dict, left: dict | None, steps, points: int) -> bool:
+    """The series departs from its trend in `event`'s direction from one of the `points` logged
+    `steps` past `event`'s end, after the first (`left`: this look's departure; from the first
+    one it is part of the change, `_confirmed`): those points are not a level after the change
+    but more of it, which the detector fits to the same transition once it has seen it."""
+    past = [s for s in steps if s > event["end"]][:points]
+    return left is not None and left["direction"] == event["direction"] and bool(past) and past[0] < left["onset"] <= past[-1]
 
 
 class TransitionWatcher(pl.Callback):
@@ -190,7 +199,7 @@ class TransitionWatcher(pl.Callback):
             if self._confirmed(event, steps) or (not final and event["confidence"] < SURE_ENOUGH):
                 continue
             settled = event["kind"] == "transition" and step >= self.settle * event["end"] and \
-                sum(s > event["end"] for s in steps) >= self.points_after
+                sum(s > event["end"] for s in steps) >= self.points_after and not _moving_on(event, left, steps, self.points_after)
             seen = pending or any(_same(c, event) for c in self._candidates.get(key, []))
             if event["kind"] == "transition" and (final or (settled and seen)):
                 self.pending = [p for p in self.pending if all(p is not q for q in pending)]

@@ -503,3 +503,32 @@ def test_a_departure_is_the_confirmed_change_up_to_the_first_logged_step_after_i
     assert not watcher._confirmed({**at, "direction": "up"}, steps, [confirmed])
     watcher.reported.append(confirmed)
     assert watcher._confirmed(at, steps) and not watcher._confirmed({**at, "onset": 510}, steps)
+
+
+def test_a_transition_is_not_confirmed_in_a_look_where_the_series_departs_past_its_end_the_same_way():
+    """A drop fitted to end at 126 while the series goes on falling (the quickstart's restricted
+    loss: confirmed over 119-126 at step 150 while it fell until 159, and the rest of the drop
+    was an onset that no confirmation could take up): a departure in the drop's direction that
+    begins after the first logged step past its end holds the confirmation back, and the pending
+    onset takes the departure in. Without it, with one the other way, or with one that begins
+    at that first step (part of the drop), the drop is confirmed."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(10, 151, 10)
+    drop = {"metric": "x", "direction": "down", "onset": 110, "midpoint": 120, "end": 126, "magnitude": 1.0,
+            "kind": "transition", "steepest": 120, "snr": 50.0, "confidence": 1.0}
+
+    def judge(left):
+        watcher = TransitionWatcher()
+        watcher.pending.append({"metric": "x", "direction": "down", "onset": 112, "snr": 20.0, "confidence": 1.0,
+                                "stage": "onset", "detected_at": 125})
+        return watcher._judge("x", steps, [dict(drop)], 150, False, left), watcher
+
+    departure = {"metric": "x", "direction": "down", "onset": 140, "snr": 8.0, "confidence": 0.9}
+    new, watcher = judge(departure)
+    assert new == [] and [p["onset"] for p in watcher.pending] == [112]
+    assert watcher.pending[0]["seen_at"] == 150
+    for left in (None, {**departure, "direction": "up"}, {**departure, "onset": 130}):
+        new, watcher = judge(left)
+        assert [e["stage"] for e in new if e["direction"] == "down"] == ["confirmed"], left
+        assert not [p for p in watcher.pending if p["direction"] == "down"]
