@@ -16,10 +16,11 @@ and goes to every logger that records events (the run folder's events, W&B):
   onset to the last look that found it) keep it pending.
 - `confirmed`: the transition with onset, midpoint, end and magnitude (the event format of
   DESIGN.md plus `stage`), once it has been seen in two looks (the first gives its onset
-  event, unless it had long ended when first found), the run has reached `settle` x its end step and the series has `points_after` more
-  values after its end, without a departure in its direction from one of them on (`_moving_on`); at the end of training, every transition found. A transition found
-  again later with more than `GROWN` times the magnitude is a new one (the start of a change
-  can look finished before the rest of it comes).
+  event, unless it had long ended when first found), the run has reached `settle` x its end
+  step and the series has `points_after` more values after its end, without a departure in
+  its direction from one of them on (`_moving_on`); at the end of training, every transition
+  found. A transition found again later with more than `GROWN` times the magnitude is a new
+  one (the start of a change can look finished before the rest of it comes).
 - `withdrawn`: an onset that no confirmed transition took up: when the run has reached
   `WITHDRAW` x the last step at which a detector's look found it (`reason`: "not found
   again"), or at the end of training ("training ended": every onset still pending then,
@@ -81,7 +82,8 @@ def _moving_on(event: dict, left: dict | None, steps, points: int) -> bool:
     one it is part of the change, `_confirmed`): those points are not a level after the change
     but more of it, which the detector fits to the same transition once it has seen it."""
     past = [s for s in steps if s > event["end"]][:points]
-    return left is not None and left["direction"] == event["direction"] and bool(past) and past[0] < left["onset"] <= past[-1]
+    return (left is not None and left["direction"] == event["direction"] and bool(past)
+            and past[0] < left["onset"] <= past[-1])
 
 
 class TransitionWatcher(pl.Callback):
@@ -198,8 +200,9 @@ class TransitionWatcher(pl.Callback):
             matched.update(id(p) for p in pending)
             if self._confirmed(event, steps) or (not final and event["confidence"] < SURE_ENOUGH):
                 continue
-            settled = event["kind"] == "transition" and step >= self.settle * event["end"] and \
-                sum(s > event["end"] for s in steps) >= self.points_after and not _moving_on(event, left, steps, self.points_after)
+            settled = (event["kind"] == "transition" and step >= self.settle * event["end"]
+                       and sum(s > event["end"] for s in steps) >= self.points_after
+                       and not _moving_on(event, left, steps, self.points_after))
             seen = pending or any(_same(c, event) for c in self._candidates.get(key, []))
             if event["kind"] == "transition" and (final or (settled and seen)):
                 self.pending = [p for p in self.pending if all(p is not q for q in pending)]
