@@ -19,9 +19,9 @@ and goes to every logger that records events (the run folder's events, W&B):
   event, unless it had long ended when first found), the run has reached `settle` x its end
   step and the series has `points_after` more values after its end, without a departure in
   its direction from one of them on (`_moving_on`); at the end of training, every transition
-  found. A transition found again is the confirmed one while their fitted spans overlap; with
-  more than `GROWN` times the magnitude it is a new one (the start of a change can look
-  finished before the rest of it comes), and so is one that begins after its end.
+  found. A transition found again is the confirmed one while one's midpoint lies within the
+  other's span (`_refit`); with more than `GROWN` times the magnitude it is a new one (the
+  start of a change can look finished before the rest of it comes), and so is one that follows it.
 - `withdrawn`: an onset that no confirmed transition took up: when the run has reached
   `WITHDRAW` x the last step at which a detector's look found it (`reason`: "not found
   again"), or at the end of training ("training ended": every onset still pending then,
@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 
 from phasewatch.callbacks.loggers import log_event, logged_series
 from phasewatch.callbacks.schedule import Schedule
@@ -77,11 +78,18 @@ def _continues(pending: dict, event: dict) -> bool:
     return _same({**pending, "end": pending.get("seen_at", pending["detected_at"])}, event)
 
 
-def _refit(a: dict, b: dict) -> bool:
+def _refit(a: dict, b: dict, steps) -> bool:
     """Two fitted changes are one change fitted twice: one's midpoint lies within the other's
-    span (a later fit moves a change's ends as more of the series comes; a change that follows
-    another, its span past the other's, is a new one)."""
-    return a["onset"] <= b["end"] and b["onset"] <= a["end"]
+    span widened to the logged `steps` around it (a later fit moves a change's ends as more of
+    the series comes, and a jump between two logged steps can be fitted anywhere between
+    them); a change that follows another, its midpoint past the other's, is a new one."""
+    logged = np.asarray(steps, dtype=float)
+
+    def within(e: dict, x: float) -> bool:
+        before, after = logged[logged <= e["onset"]], logged[logged >= e["end"]]
+        return (before[-1] if len(before) else e["onset"]) <= x <= (after[0] if len(after) else e["end"])
+
+    return within(a, b["midpoint"]) or within(b, a["midpoint"])
 
 
 def _moving_on(event: dict, left: dict | None, steps, points: int) -> bool:
@@ -246,9 +254,9 @@ class TransitionWatcher(pl.Callback):
 
     def _confirmed(self, event: dict, steps, also: list[dict] = ()) -> bool:
         """Already confirmed (reported, or among `also`: this look's new events): the same metric
-        and direction, overlapping spans (`SAME`) and, for a change with a magnitude, fitted
-        spans that overlap as they are (`_refit`: one that begins after the confirmed one's end
-        is the next change) and at most `GROWN` times it (the start of a change seen early, before more of it came, is not the
+        and direction, overlapping spans (`SAME`) and, for a change with a magnitude, one
+        midpoint within the other's span (`_refit`: a change that follows the confirmed one is
+        the next change) and at most `GROWN` times it (the start of a change seen early, before more of it came, is not the
         whole change); a departure, which has none, only when it began no later than the first
         of the series' `steps` after the confirmed change's end (the fitted end of a jump between
         two logged steps can come before the first step that shows it; after that, the series
@@ -257,7 +265,7 @@ class TransitionWatcher(pl.Callback):
             return next((float(s) for s in steps if s > end), float("inf"))
 
         return any(r.get("stage", "confirmed") == "confirmed" and _same(r, event)
-                   and (event["magnitude"] <= GROWN * r["magnitude"] and _refit(r, event) if "magnitude" in event
+                   and (event["magnitude"] <= GROWN * r["magnitude"] and _refit(r, event, steps) if "magnitude" in event
                         else event["onset"] <= after(r["end"]))
                    for r in [*self.reported, *also])
 

@@ -433,8 +433,8 @@ def test_a_second_rise_soon_after_a_confirmed_one_gets_its_onset_at_the_first_lo
 @pytest.mark.parametrize("seed", range(3))
 def test_a_second_rise_after_a_confirmed_one_is_confirmed_as_its_own_also_when_not_much_larger(seed):
     """The second rise of the test above, only 2.5 times the first (not `GROWN` times larger):
-    its span (~1,250-1,700) does not overlap the first one's, so it is a change of its own,
-    confirmed with its onset. (Before, spans widened by `SAME` made it the first one again: its
+    it comes after the first one (neither midpoint within the other's span), so it is a change
+    of its own, confirmed with its onset. (Before, spans widened by `SAME` made it the first one again: its
     onset stayed pending until training ended and it was never confirmed; so on induction_2l
     the induction bump in val/acc, right after a slow earlier rise.) Every onset is closed."""
     from phasewatch.callbacks.transitions import TransitionWatcher, _continues
@@ -453,11 +453,12 @@ def test_a_second_rise_after_a_confirmed_one_is_confirmed_as_its_own_also_when_n
         assert any(e["detected_at"] >= onset["detected_at"] and _continues(onset, e) for e in confirmed), onset
 
 
-def test_a_confirmed_change_is_found_again_while_the_spans_overlap():
-    """A change found again is the confirmed one while the two fitted spans overlap (a later fit
-    moves the ends) and it is not `GROWN` times larger; one that begins after the confirmed
-    one's end is a new change, however close (`SAME` widens spans only to tie onsets and
-    departures to a change)."""
+def test_a_confirmed_change_is_found_again_while_one_midpoint_lies_within_the_other_span():
+    """A change found again is the confirmed one while one's midpoint lies within the other's
+    span, widened to the logged steps around it (a later fit moves the ends; a jump between two
+    logged steps can be fitted anywhere between them), and it is not `GROWN` times larger; one
+    that follows the confirmed one is a new change, however close (`SAME` widens spans only to
+    tie onsets and departures to a change)."""
     from phasewatch.callbacks.transitions import TransitionWatcher
 
     steps = np.arange(10, 1001, 10)
@@ -465,11 +466,19 @@ def test_a_confirmed_change_is_found_again_while_the_spans_overlap():
              "stage": "confirmed"}
     watcher = TransitionWatcher()
     watcher.reported.append(first)
-    again = {**first, "onset": 700, "midpoint": 740, "end": 790, "magnitude": 5.5}
-    assert watcher._confirmed({k: v for k, v in again.items() if k != "stage"}, steps)
+    again = {"metric": "x", "direction": "down", "onset": 700, "midpoint": 740, "end": 790, "magnitude": 5.5}
+    assert watcher._confirmed(again, steps)
     after = {"metric": "x", "direction": "down", "onset": 814, "midpoint": 856, "end": 900, "magnitude": 4.4}
     assert not watcher._confirmed(after, steps)
     assert not watcher._confirmed({**again, "magnitude": 25.0}, steps)  # GROWN: the start of a bigger change
+    # a count that jumps from 0 to 1 between its values at steps 350 and 400, fitted at
+    # 376-425 when confirmed and at 331-370 later: the same jump (the spans do not even overlap)
+    sparse = np.arange(50, 1001, 50)
+    watcher.reported.append({"metric": "c", "direction": "up", "onset": 376, "midpoint": 400, "end": 425,
+                             "magnitude": 1.0, "stage": "confirmed"})
+    jump = {"metric": "c", "direction": "up", "onset": 331, "midpoint": 350, "end": 370, "magnitude": 1.0}
+    assert watcher._confirmed(jump, sparse)
+    assert not watcher._confirmed({**jump, "onset": 460, "midpoint": 480, "end": 495}, sparse)  # the next jump
 
 
 def _settled_drop(seed=0):
