@@ -21,7 +21,8 @@ and goes to every logger that records events (the run folder's events, W&B):
   its direction from one of them on (`_moving_on`); at the end of training, every transition
   found. A transition found again is the confirmed one while one's midpoint lies within the
   other's span (`_refit`); with more than `GROWN` times the magnitude it is a new one (the
-  start of a change can look finished before the rest of it comes), and so is one that follows it.
+  start of a change can look finished before the rest of it comes), and so is one that
+  follows it.
 - `withdrawn`: an onset that no confirmed transition took up: when the run has reached
   `WITHDRAW` x the last step at which a detector's look found it (`reason`: "not found
   again"), or at the end of training ("training ended": every onset still pending then,
@@ -256,8 +257,8 @@ class TransitionWatcher(pl.Callback):
         """Already confirmed (reported, or among `also`: this look's new events): the same metric
         and direction, overlapping spans (`SAME`) and, for a change with a magnitude, one
         midpoint within the other's span (`_refit`: a change that follows the confirmed one is
-        the next change) and at most `GROWN` times it (the start of a change seen early, before more of it came, is not the
-        whole change); a departure, which has none, only when it began no later than the first
+        the next change) and at most `GROWN` times it (the start of a change seen early,
+        before more of it came, is not the whole change); a departure, which has none, only when it began no later than the first
         of the series' `steps` after the confirmed change's end (the fitted end of a jump between
         two logged steps can come before the first step that shows it; after that, the series
         is on the move again)."""
@@ -265,8 +266,8 @@ class TransitionWatcher(pl.Callback):
             return next((float(s) for s in steps if s > end), float("inf"))
 
         return any(r.get("stage", "confirmed") == "confirmed" and _same(r, event)
-                   and (event["magnitude"] <= GROWN * r["magnitude"] and _refit(r, event, steps) if "magnitude" in event
-                        else event["onset"] <= after(r["end"]))
+                   and (event["magnitude"] <= GROWN * r["magnitude"] and _refit(r, event, steps)
+                        if "magnitude" in event else event["onset"] <= after(r["end"]))
                    for r in [*self.reported, *also])
 
     @staticmethod
