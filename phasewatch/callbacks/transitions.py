@@ -93,12 +93,11 @@ def _refit(a: dict, b: dict, steps) -> bool:
     return within(a, b["midpoint"]) or within(b, a["midpoint"])
 
 
-def _moving_on(event: dict, left: dict | None, steps, points: int) -> bool:
-    """The series departs from its trend in `event`'s direction from one of the `points` logged
-    `steps` past `event`'s end, after the first (`left`: this look's departure; from the first
-    one it is part of the change, `_confirmed`): those points are not a level after the change
-    but more of it, which the detector fits to the same transition once it has seen it."""
-    past = [s for s in steps if s > event["end"]][:points]
+def _moving_on(event: dict, left: dict | None, past) -> bool:
+    """The series departs from its trend in `event`'s direction from one of the logged steps
+    `past` its end (the first few), after the first (`left`: this look's departure; from the
+    first one it is part of the change, `_confirmed`): those points are not a level after the
+    change but more of it, which the detector fits to the same transition once it has seen it."""
     return (left is not None and left["direction"] == event["direction"] and bool(past)
             and past[0] < left["onset"] <= past[-1])
 
@@ -217,9 +216,10 @@ class TransitionWatcher(pl.Callback):
             matched.update(id(p) for p in pending)
             if self._confirmed(event, steps) or (not final and event["confidence"] < SURE_ENOUGH):
                 continue
-            settled = (event["kind"] == "transition" and step >= self.settle * event["end"]
-                       and sum(s > event["end"] for s in steps) >= self.points_after
-                       and not _moving_on(event, left, steps, self.points_after))
+            settled = event["kind"] == "transition" and step >= self.settle * event["end"]
+            if settled:  # and a level after it: `points_after` values, not departing its way
+                past = [s for s in steps if s > event["end"]][:self.points_after]
+                settled = len(past) == self.points_after and not _moving_on(event, left, past)
             seen = pending or any(_same(c, event) for c in self._candidates.get(key, []))
             if event["kind"] == "transition" and (final or (settled and seen)):
                 self.pending = [p for p in self.pending if all(p is not q for q in pending)]
@@ -258,10 +258,10 @@ class TransitionWatcher(pl.Callback):
         and direction, overlapping spans (`SAME`) and, for a change with a magnitude, one
         midpoint within the other's span (`_refit`: a change that follows the confirmed one is
         the next change) and at most `GROWN` times it (the start of a change seen early,
-        before more of it came, is not the whole change); a departure, which has none, only when it began no later than the first
-        of the series' `steps` after the confirmed change's end (the fitted end of a jump between
-        two logged steps can come before the first step that shows it; after that, the series
-        is on the move again)."""
+        before more of it came, is not the whole change); a departure, which has none, only
+        when it began no later than the first of the series' `steps` after the confirmed
+        change's end (the fitted end of a jump between two logged steps can come before the
+        first step that shows it; after that, the series is on the move again)."""
         def after(end: float) -> float:
             return next((float(s) for s in steps if s > end), float("inf"))
 

@@ -434,9 +434,10 @@ def test_a_second_rise_soon_after_a_confirmed_one_gets_its_onset_at_the_first_lo
 def test_a_second_rise_after_a_confirmed_one_is_confirmed_as_its_own_also_when_not_much_larger(seed):
     """The second rise of the test above, only 2.5 times the first (not `GROWN` times larger):
     it comes after the first one (neither midpoint within the other's span), so it is a change
-    of its own, confirmed with its onset. (Before, spans widened by `SAME` made it the first one again: its
-    onset stayed pending until training ended and it was never confirmed; so on induction_2l
-    the induction bump in val/acc, right after a slow earlier rise.) Every onset is closed."""
+    of its own, confirmed with its onset. (Before, spans widened by `SAME` made it the first
+    one again: its onset stayed pending until training ended and it was never confirmed; so
+    on induction_2l the induction bump in val/acc, right after a slow earlier rise.) Every
+    onset is closed."""
     from phasewatch.callbacks.transitions import TransitionWatcher, _continues
 
     steps = np.arange(10, 3001, 10)
