@@ -13,7 +13,8 @@ and goes to every logger that records events (the run folder's events, W&B):
     has ended too recently to be sure of) in two looks in a row (its `onset`: the fitted curve's
     10% point so far).
   Later looks that find the same change (by either test, within `SAME` of its span from its
-  onset to the last look that found it) keep it pending.
+  onset to the last look that found it) keep it pending; a change already confirmed does so only
+  for an onset that began by the first logged step past its end (`_after`).
 - `confirmed`: the transition with onset, midpoint, end and magnitude (the event format of
   DESIGN.md plus `stage`), once it has been seen in two looks (the first gives its onset
   event, unless it had long ended when first found), the run has reached `settle` x its end
@@ -93,6 +94,12 @@ def _refit(a: dict, b: dict, steps) -> bool:
     return within(a, b["midpoint"]) or within(b, a["midpoint"])
 
 
+def _after(pending: dict, event: dict, steps) -> bool:
+    """A pending onset began after `event` had ended: past the first of the logged `steps` after
+    its end (where a jump between two logged steps shows)."""
+    return pending["onset"] > next((s for s in steps if s > event["end"]), float("inf"))
+
+
 def _moving_on(event: dict, left: dict | None, past) -> bool:
     """The series departs from its trend in `event`'s direction from one of the logged steps
     `past` its end (the first few), after the first (`left`: this look's departure; from the
@@ -109,7 +116,8 @@ class TransitionWatcher(pl.Callback):
     every_n_validations: how often to look (detection costs ~0.1 s per series of a few hundred
         points; a series is looked at again only once it has new points, and one of 100 points or
         more once it has grown by `regrow` of its points since the last time: 10% more points,
-        ~10% more steps when logged evenly; the departure test, cheap, at every look with new
+        ~10% more steps when logged evenly, or whenever it has new points while a change in it is
+        under way, `_under_way`; the departure test, cheap, at every look with new
         points).
     settle: confirm a transition once the run has reached `settle` x its end step...
     points_after: ... and the series has this many values after its end (at the end of
@@ -188,7 +196,8 @@ class TransitionWatcher(pl.Callback):
         new: list[dict] = []
         for key, (steps, values) in sorted(series.items()):
             seen = self._looked.get(key, 0)
-            due = final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen))
+            due = final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen
+                                                   or self._under_way(key)))
             left = None
             if self.departures and not final and len(steps) > self._departed.get(key, 0):
                 self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
@@ -203,6 +212,11 @@ class TransitionWatcher(pl.Callback):
             self.reported.append(event)
         return new
 
+    def _under_way(self, key: str) -> bool:
+        """A change in the series is pending or waits to be found again: looked at whenever it
+        has new points, so that its confirmation is not held back by `regrow`."""
+        return bool(self._candidates.get(key)) or any(p["metric"] == key for p in self.pending)
+
     def _judge(self, key: str, steps, found: list[dict] | None, step: int, final: bool,
                left: dict | None = None) -> list[dict]:
         """The events that this look's findings in one series call for (`found`: the detector's
@@ -212,9 +226,11 @@ class TransitionWatcher(pl.Callback):
         matched: set[int] = set()
         candidates = []
         for event in found or []:
-            pending = [p for p in self.pending if _continues(p, event)]
+            done = self._confirmed(event, steps)
+            # a change already confirmed is not that of an onset that came after it ended
+            pending = [p for p in self.pending if _continues(p, event) and not (done and _after(p, event, steps))]
             matched.update(id(p) for p in pending)
-            if self._confirmed(event, steps) or (not final and event["confidence"] < SURE_ENOUGH):
+            if done or (not final and event["confidence"] < SURE_ENOUGH):
                 continue
             settled = event["kind"] == "transition" and step >= self.settle * event["end"]
             if settled:  # and a level after it: `points_after` values, not departing its way

@@ -19,10 +19,12 @@ cross-entropy in the task's `loss_dtype`, float32 but for grokking, whatever
 estimated from a fixed sample of `sample` (64) held-out sequences drawn from every batch in
 proportion to its size (a RASP task's batches hold one length each; at least one of each,
 spread evenly over it), each weighted by how many it stands for; the means from `mean_over`
-(256) sequences drawn the same way. Estimates of the whole held-out set's numbers, cheap
-enough to run densely: all lengths go through one clean forward pass, padded to the longest
-(`tasks.base.padded`), which keeps the residual stream at every layer; the copies with one
-component ablated (one per component, a pass per layer and kind) start from it at the
+(256) sequences drawn the same way, the ablated sample among them (as many of each length,
+spread over the means' sample: `nested_sample`). Estimates of the whole held-out set's numbers,
+cheap enough to run densely: all lengths go through one clean forward pass of the native
+module, padded to the longest (`tasks.base.padded`), which gives the means and keeps the
+residual stream at every layer. The copies of the ablated sample with one component ablated
+(one per component, a pass per layer and kind) start from its rows of that pass at the
 component's attention layer or MLP, which runs again on them with the component replaced
 where a hook is on it (hooks already on the model, e.g. an intervention's, act as in a full
 pass; without one, the replaced output is computed from the clean pass: the value itself, or
@@ -44,7 +46,7 @@ from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.probes.residual import ResidualPass
 from phasewatch.models import native_module
-from phasewatch.tasks.base import Task, mask_kwargs, padded
+from phasewatch.tasks.base import Task, padded, spread_index
 
 MODES = ("mean", "zero")
 
@@ -67,31 +69,18 @@ def position_means(model, batches, names: set[str], weights: list[float] | None 
     weights make its means estimates of the whole set's). Over the whole held-out set,
     not per batch: a RASP task's batches hold one length each, and a per-batch mean would
     keep the length (and everything computed from it) intact. One forward pass of the
-    batches padded to one (`padded`)."""
+    native module on the batches padded to one (`padded`), keeping each output as it leaves its
+    module, before any hook already on it, as the bridge's hooks cache it (`_Clean.means`)."""
     joined, mask = padded(batches)
     device = next(model.parameters()).device
-    row = _row_weights(batches, weights).to(device)
-    _, cache = model.run_with_cache(joined.tokens.to(device), names_filter=lambda name: name in names,
-                                    **mask_kwargs(mask, device))
-    has = (torch.ones_like(joined.tokens) if mask is None else mask).to(device).double() * row[:, None]  # [batch, pos]
-    counts = torch.zeros(model.cfg.n_ctx, dtype=torch.float64, device=device)
-    counts[:has.shape[1]] = has.sum(0)
-    out = {}
-    for name in names:
-        value = cache[name].double()
-        total = torch.einsum("bp,bp...->p...", has, value)
-        sums = torch.zeros((model.cfg.n_ctx, *total.shape[1:]), dtype=torch.float64, device=device)
-        sums[:has.shape[1]] = total
-        out[name] = (sums / counts.clamp_min(1e-12).reshape(-1, *[1] * (sums.dim() - 1))).float()
-    return out
+    run = _Clean(native_module(model), joined.tokens.to(device), None if mask is None else mask.to(device))
+    return run.means(names, _row_weights(batches, weights).to(device))
 
 
 def _row_weights(batches, weights: list[float] | None) -> torch.Tensor:
     """One weight per sequence of the batches joined (`weights[i]` for batch i; 1 when None)."""
     weights = weights or [1.0] * len(batches)
     return torch.cat([torch.full((len(b),), float(w), dtype=torch.float64) for b, w in zip(batches, weights)])
-
-
 def sample_weights(batches, sample) -> list[float]:
     """How many sequences of its batch each sampled sequence stands for: with them, sums
     over a sample (`proportional_sample`) estimate the whole set's."""
@@ -101,10 +90,27 @@ def sample_weights(batches, sample) -> list[float]:
 def proportional_sample(batches, total: int | None) -> list:
     """About `total` sequences of the batches, the same share of each (at least one of each,
     spread evenly over it); all of them when `total` is None or they hold no more."""
+    counts = _shares(batches, total)
+    return batches if counts == [len(b) for b in batches] else [b.spread(n) for b, n in zip(batches, counts)]
+
+
+def _shares(batches, total: int | None) -> list[int]:
+    """How many sequences of each batch `proportional_sample` draws."""
     size = sum(len(b) for b in batches)
     if total is None or total >= size:
-        return batches
-    return [b.spread(max(1, round(len(b) * total / size))) for b in batches]
+        return [len(b) for b in batches]
+    return [max(1, round(len(b) * total / size)) for b in batches]
+
+
+def nested_sample(batches, drawn: list, total: int | None) -> list[torch.Tensor] | None:
+    """The rows, within each batch of `drawn` (a `proportional_sample` of the batches), of a
+    sample of `total` drawn from `drawn` itself: as many of each batch as
+    `proportional_sample(batches, total)` draws, spread evenly over `drawn`'s; None when `drawn`
+    holds fewer. One pass over `drawn` then serves both samples."""
+    counts = _shares(batches, total)
+    if any(n > len(d) for n, d in zip(counts, drawn)):
+        return None
+    return [spread_index(len(d), n) for d, n in zip(drawn, counts)]
 
 
 class _Clean(ResidualPass):
@@ -112,6 +118,31 @@ class _Clean(ResidualPass):
     each block, `pre`; each attention layer's output after any hook on the attention module,
     `attn`; the stream after it, `mid`; the heads' outputs before W_O, `z`), from which each
     layer's ablated copies start."""
+
+    def __init__(self, native, tokens: torch.Tensor, mask: torch.Tensor | None = None):
+        super().__init__(native, tokens, mask, outputs=True)
+
+    def means(self, names: set[str], row: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`position_means` of this pass's sequences, sequence i weighing `row[i]`: each hook's
+        output (`blocks.<l>.attn.hook_z` [pos, head, d_head], `hook_attn_out`, `hook_mlp_out`
+        [pos, d_model]) averaged at each position over the sequences that have it, padded
+        with zeros to n_ctx positions."""
+        has = (torch.ones(self.pre[0].shape[:2], device=row.device) if self.mask is None else self.mask
+               ).double() * row[:, None]  # [batch, pos]
+        n_ctx, n_heads = self.native.cfg.n_ctx, self.native.cfg.n_heads
+        counts = torch.zeros(n_ctx, dtype=torch.float64, device=row.device)
+        counts[:has.shape[1]] = has.sum(0)
+        out = {}
+        for name in names:
+            parts = name.split(".")
+            layer, kind = int(parts[1]), parts[-1]
+            value = {"hook_z": lambda: self.z[layer].unflatten(-1, (n_heads, -1)),
+                     "hook_attn_out": lambda: self.attn_out[layer], "hook_mlp_out": lambda: self.mlp_out[layer]}[kind]()
+            total = torch.einsum("bp,bp...->p...", has, value.double())
+            sums = torch.zeros((n_ctx, *total.shape[1:]), dtype=torch.float64, device=row.device)
+            sums[:has.shape[1]] = total
+            out[name] = (sums / counts.clamp_min(1e-12).reshape(-1, *[1] * (sums.dim() - 1))).float()
+        return out
 
     def _inputs(self, hidden: torch.Tensor, copies: int) -> dict[str, torch.Tensor]:
         """A block's keyword arguments for `copies` copies of the batch."""
@@ -229,26 +260,37 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
     `sample` held-out sequences drawn from every length in proportion (`proportional_sample`,
     weighted by `sample_weights`; None: all of them). The means (mode "mean") are the held-out
     set's, estimated from `mean_over` sequences drawn the same way (None: all of them).
-    Batched: one clean pass, every length padded to the longest, keeps the residual stream at
-    each layer; the copies with one component ablated start there, one pass per layer (and
-    MLP) with a copy per component (as many as fit in `max_rows` sequences), running only what
-    comes after the component. The same numbers as one full pass per component and length."""
+    Batched: one clean pass, every length padded to the longest, of the means' sample (the
+    ablated sample is drawn from it, `nested_sample`; a pass of its own when it is larger, or
+    in mode "zero") gives the means and keeps the residual stream at each layer; the ablated
+    sample's copies with one component ablated start there, one pass per layer (and MLP) with a
+    copy per component (as many as fit in `max_rows` sequences), running only what comes after
+    the component. The same numbers as one full pass per component and length."""
     if mode not in MODES:
         from phasewatch.tasks.base import ConfigError
 
         raise ConfigError("probes.options.ablation.mode", f"unknown mode {mode!r}", f"Use one of {', '.join(MODES)}.")
     comps = components(model)
     device = next(model.parameters()).device
+    native = native_module(model)
     batches = [b for b, group in zip(task.val_batches(), task.val_groups()) if group == "val"]
-    means = None
-    if mode == "mean":
-        drawn = proportional_sample(batches, mean_over)
-        means = position_means(model, drawn, {hook for _, hook, _ in comps}, sample_weights(batches, drawn))
-    chosen = proportional_sample(batches, sample)
+    drawn = proportional_sample(batches, mean_over) if mode == "mean" else None
+    nested = None if drawn is None else nested_sample(batches, drawn, sample)
+    chosen = proportional_sample(batches, sample) if nested is None else [d.take(i) for d, i in zip(drawn, nested)]
     joined, mask = padded(chosen)
     joined = joined.to(device)
     weight = _row_weights(chosen, sample_weights(batches, chosen)).to(device)[:, None].expand_as(joined.loss_mask)
     weight = weight[joined.loss_mask]  # one per answer token
+    hooks = {hook for _, hook, _ in comps}
+    if nested is None:  # zero ablation, or an ablated sample larger than the means'
+        means = None if drawn is None else position_means(model, drawn, hooks, sample_weights(batches, drawn))
+        clean = _Clean(native, joined.tokens, None if mask is None else mask.to(device))
+    else:  # one clean pass of the means' sample serves both: the means, and the ablated sample's rows of it
+        both, both_mask = padded(drawn)
+        run = _Clean(native, both.tokens.to(device), None if both_mask is None else both_mask.to(device))
+        means = run.means(hooks, _row_weights(drawn, sample_weights(batches, drawn)).to(device))
+        starts = torch.tensor([0, *[len(d) for d in drawn]]).cumsum(0)
+        clean = run.rows(torch.cat([start + i for start, i in zip(starts.tolist(), nested)]).to(device))
     size, n_pos = joined.tokens.shape
     totals: dict[str, list[float]] = {}
 
@@ -264,7 +306,6 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
                 * weight).sum(-1)  # [copy, 3], one reduction
         totals.update(zip(labels, sums.tolist()))
 
-    clean = _Clean(native_module(model), joined.tokens, None if mask is None else mask.to(device))
     add(["clean"], clean.logits)
     per_pass = max(1, max_rows // size)
     kinds: dict[tuple[int, str], list] = {}  # (layer, "attn" or "mlp") -> its components, in order

@@ -13,6 +13,10 @@ per layer, what the bridge's hooks would have cached:
 - `z[l]`: the heads' outputs as they enter W_O, [batch, pos, head x d_head] (`blocks.l.attn.hook_z`,
   flattened: after any hook already on W_O's input, as the bridge's);
 - `post`: the stream out of the last block (`blocks.<last>.hook_resid_post`);
+- with `outputs=True`, `attn_out[l]` and `mlp_out[l]`: the attention layer's and the MLP's
+  outputs as they leave the module, before any hook already on it (`blocks.l.hook_attn_out`,
+  `blocks.l.hook_mlp_out`: what the ablation replaces; `mlp_out` is empty for an
+  attention-only model);
 
 and the logits. Hooks already on the model (an intervention's) act as in any forward pass. The
 same tensors as the bridge's hooks (tests/integration/test_tracr_compare.py compares them).
@@ -24,12 +28,14 @@ import torch
 
 
 class ResidualPass:
-    def __init__(self, native, tokens: torch.Tensor, mask: torch.Tensor | None = None):
+    def __init__(self, native, tokens: torch.Tensor, mask: torch.Tensor | None = None, outputs: bool = False):
         self.native, self.mask = native, mask
         self.pre: list[torch.Tensor] = []
         self.attn: list[torch.Tensor] = []
         self.pattern: list[torch.Tensor] = []
         self.z: list[torch.Tensor] = []
+        self.attn_out: list[torch.Tensor] = []
+        self.mlp_out: list[torch.Tensor] = []
         self.post: torch.Tensor | None = None
 
         def keep_pre(module, args, out) -> None:
@@ -52,12 +58,29 @@ class ResidualPass:
             handles.append(block.attn.register_forward_hook(keep_attn))
             handles.append(block.attn.o.register_forward_pre_hook(keep_z))
         handles.append(native.layers[-1].register_forward_hook(keep_post))
+        for block in native.layers if outputs else []:  # registered first: before any hook already there
+            handles.append(block.attn.register_forward_hook(lambda module, args, out: self.attn_out.append(out[0]),
+                                                            prepend=True))
+            if getattr(block, "mlp", None) is not None:
+                handles.append(block.mlp.register_forward_hook(lambda module, args, out: self.mlp_out.append(out),
+                                                               prepend=True))
         try:
             self.logits = native(tokens, **({} if mask is None else {"attention_mask": mask}))
         finally:
             for handle in handles:
                 handle.remove()
         self.mid = [pre + attn for pre, attn in zip(self.pre, self.attn)]
+
+    def rows(self, index: torch.Tensor) -> "ResidualPass":
+        """The same pass restricted to the sequences at `index` (the tensors indexed, nothing run)."""
+        part = object.__new__(type(self))
+        part.native = self.native
+        part.mask = None if self.mask is None else self.mask[index]
+        for name in ("pre", "attn", "mid", "pattern", "z", "attn_out", "mlp_out"):
+            setattr(part, name, [t[index] for t in getattr(self, name)])
+        part.post = None if self.post is None else self.post[index]
+        part.logits = self.logits[index]
+        return part
 
     def site(self, hook: str) -> torch.Tensor:
         """The value at a bridge hook name: `blocks.<l>.hook_resid_pre`, `hook_resid_mid`,

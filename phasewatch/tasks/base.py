@@ -58,14 +58,24 @@ class Batch:
         """At most `n` of its sequences, spread evenly over the batch (all of them when it holds no more)."""
         if n >= len(self):
             return self
-        keep = torch.linspace(0, len(self) - 1, n).round().long().unique()
-        return Batch(self.tokens[keep], self.targets[keep], self.loss_mask[keep],
-                     {k: v[keep] for k, v in self.extras.items()})
+        return self.take(spread_index(len(self), n))
+
+    def take(self, index: Tensor) -> "Batch":
+        """The sequences at `index` (a 1-d tensor of row numbers), in its order."""
+        return Batch(self.tokens[index], self.targets[index], self.loss_mask[index],
+                     {k: v[index] for k, v in self.extras.items()})
 
     def pin_memory(self) -> "Batch":
         """A copy in page-locked memory (the DataLoader calls it with pin_memory=True)."""
         return Batch(self.tokens.pin_memory(), self.targets.pin_memory(), self.loss_mask.pin_memory(),
                      {k: v.pin_memory() for k, v in self.extras.items()})
+
+
+def spread_index(size: int, n: int) -> Tensor:
+    """The row numbers of `Batch.spread`: min(n, size) of 0..size-1, spread evenly over them."""
+    if n >= size:
+        return torch.arange(size)
+    return torch.linspace(0, size - 1, n).round().long().unique()
 
 
 def padded(batches: list[Batch]) -> tuple[Batch, Tensor | None]:

@@ -150,7 +150,8 @@ def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, ar
     every ablated module). A module without a hook does not run again: its copies' outputs come
     from the clean pass; with the intervention both ways are taken."""
     from phasewatch.models import native_module
-    from phasewatch.probes.ablation import ablation_scores, components, hooked, position_means
+    from phasewatch.probes.ablation import (ablation_scores, components, hooked, position_means,
+                                            proportional_sample, sample_weights)
     from phasewatch.tasks.base import masked_loss_and_acc
 
     model = build_model(ModelConfig(attention="bidirectional", seed=2, **arch), task).eval()
@@ -161,36 +162,49 @@ def test_batched_ablation_gives_what_one_pass_per_component_gives(task, mode, ar
     assert ways == ([True, True, True, False] if intervened == INTERVENED else [False] * len(ways))
     batches = [b for b, g in zip(task.val_batches(), task.val_groups()) if g == "val"]
     comps = components(model)
-    means = position_means(model, batches, {h for _, h, _ in comps})
-    expected = {}
-    with torch.no_grad():
-        for label, hook, head in [("clean", None, None), *comps]:
-            loss_sum = acc_sum = count = 0.0
-            for batch in batches:
-                n_pos = batch.tokens.shape[1]
-                value = (0.0 if mode == "zero" or hook is None else
-                         means[hook][:n_pos] if head is None else means[hook][:n_pos, head])
 
-                def ablate(x, hook=None, value=value, head=head):
-                    x = x.clone()
-                    if head is None:
-                        x[:] = value
-                    else:
-                        x[:, :, head] = value
-                    return x
+    def expected_with(means) -> dict[str, tuple[float, float]]:
+        """Each component ablated in a full pass of its own over every held-out batch."""
+        expected = {}
+        with torch.no_grad():
+            for label, hook, head in [("clean", None, None), *comps]:
+                loss_sum = acc_sum = count = 0.0
+                for batch in batches:
+                    n_pos = batch.tokens.shape[1]
+                    value = (0.0 if mode == "zero" or hook is None else
+                             means[hook][:n_pos] if head is None else means[hook][:n_pos, head])
 
-                logits = model(batch.tokens) if hook is None else model.run_with_hooks(batch.tokens, fwd_hooks=[(hook, ablate)])
-                loss, acc = masked_loss_and_acc(logits, batch, torch.float64)
-                n = int(batch.loss_mask.sum())
-                loss_sum, acc_sum, count = loss_sum + float(loss) * n, acc_sum + float(acc) * n, count + n
-            expected[label] = (loss_sum / count, acc_sum / count)
-    # all held-out inputs; a row budget that splits the components over several passes
-    for max_rows in (16384, 3 * max(len(b) for b in batches)):
-        got = ablation_scores(model, task, mode, sample=None, mean_over=None, max_rows=max_rows)
+                    def ablate(x, hook=None, value=value, head=head):
+                        x = x.clone()
+                        if head is None:
+                            x[:] = value
+                        else:
+                            x[:, :, head] = value
+                        return x
+
+                    logits = (model(batch.tokens) if hook is None
+                              else model.run_with_hooks(batch.tokens, fwd_hooks=[(hook, ablate)]))
+                    loss, acc = masked_loss_and_acc(logits, batch, torch.float64)
+                    n = int(batch.loss_mask.sum())
+                    loss_sum, acc_sum, count = loss_sum + float(loss) * n, acc_sum + float(acc) * n, count + n
+                expected[label] = (loss_sum / count, acc_sum / count)
+        return expected
+
+    def check(got, expected) -> None:
         assert set(got) == set(expected)
         wrong = {label: (got[label]["loss"], loss) for label, (loss, acc) in expected.items()
                  if got[label]["loss"] != pytest.approx(loss, rel=1e-5) or got[label]["acc"] != pytest.approx(acc)}
         assert not wrong, wrong
+
+    expected = expected_with(position_means(model, batches, {h for _, h, _ in comps}))
+    # all held-out inputs (the means' pass is the ablated one's); a row budget that splits the
+    # components over several passes
+    for max_rows in (16384, 3 * max(len(b) for b in batches)):
+        check(ablation_scores(model, task, mode, sample=None, mean_over=None, max_rows=max_rows), expected)
+    if mode == "mean":  # means from a sample smaller than the ablated one: a pass of their own
+        drawn = proportional_sample(batches, 10)
+        means = position_means(model, drawn, {h for _, h, _ in comps}, sample_weights(batches, drawn))
+        check(ablation_scores(model, task, mode, sample=None, mean_over=10), expected_with(means))
     # a subsample: fewer inputs, the same components
     sub = ablation_scores(model, task, mode, sample=12, mean_over=None)
     assert set(sub) == set(expected) and sub["clean"]["loss"] != pytest.approx(expected["clean"][0], rel=1e-9)
@@ -217,7 +231,7 @@ def test_a_sample_weighs_each_length_as_the_whole_held_out_set_does(task):
     of each: a sampled input stands for as many as its length has per sampled one, so the
     estimate is each length's sum scaled up to its share of the whole set (computed here
     batch by batch, without padding)."""
-    from phasewatch.probes.ablation import ablation_scores, proportional_sample
+    from phasewatch.probes.ablation import ablation_scores, nested_sample, proportional_sample
     from phasewatch.tasks.base import masked_loss_and_acc
 
     model = build_model(ModelConfig(attention="bidirectional", seed=6), task).eval()
@@ -237,6 +251,18 @@ def test_a_sample_weighs_each_length_as_the_whole_held_out_set_does(task):
     assert got["loss"] == pytest.approx(loss_sum / count, rel=1e-6) and got["acc"] == pytest.approx(acc_sum / count)
     # the unweighted mean of the sample would overweight the short lengths; the estimate is near the whole set's
     assert abs(got["loss"] - whole["loss"]) < 0.1 * whole["loss"]
+    # mean ablation draws the ablated sample from the means' (one pass serves both): as many of
+    # each length, spread over the means' sample, and its clean numbers are those sequences'
+    means_drawn = proportional_sample(batches, total // 2)
+    nested = [d.take(i) for d, i in zip(means_drawn, nested_sample(batches, means_drawn, total // 6))]
+    assert [len(n) for n in nested] == [len(d) for d in drawn] and nested_sample(batches, drawn, total // 2) is None
+    with torch.no_grad():
+        direct = [masked_loss_and_acc(model(n.tokens), n, torch.float64) for n in nested]
+        got = ablation_scores(model, task, "mean", sample=total // 6, mean_over=total // 2)["clean"]
+    counts = [w * int(n.loss_mask.sum()) for n, w in zip(nested, weights)]
+    assert got["loss"] == pytest.approx(sum(float(l) * c for (l, _), c in zip(direct, counts)) / sum(counts), rel=1e-6)
+    assert got["acc"] == pytest.approx(sum(float(a) * c for (_, a), c in zip(direct, counts)) / sum(counts))
+    assert any(not torch.equal(n.tokens, d.tokens) for n, d in zip(nested, drawn))  # other sequences than `drawn`
 
 
 def test_ablation_means_from_a_proportional_sample(task):
