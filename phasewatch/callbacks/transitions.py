@@ -197,7 +197,7 @@ class TransitionWatcher(pl.Callback):
         for key, (steps, values) in sorted(series.items()):
             seen = self._looked.get(key, 0)
             due = final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen
-                                                   or self._under_way(key)))
+                                                   or self._under_way(key, step)))
             left = None
             if self.departures and not final and len(steps) > self._departed.get(key, 0):
                 self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
@@ -212,10 +212,13 @@ class TransitionWatcher(pl.Callback):
             self.reported.append(event)
         return new
 
-    def _under_way(self, key: str) -> bool:
-        """A change in the series is pending or waits to be found again: looked at whenever it
-        has new points, so that its confirmation is not held back by `regrow`."""
-        return bool(self._candidates.get(key)) or any(p["metric"] == key for p in self.pending)
+    def _under_way(self, key: str, step: int) -> bool:
+        """A change in the series waits to be found again, or has had an onset pending for no
+        longer than adaptive resolution lasts (`dense_for` x the step it was said at): looked at
+        whenever it has new points, so that its confirmation is not held back by `regrow` (a
+        slow change pending longer waits for it, as the detector's cost grows with the series)."""
+        return bool(self._candidates.get(key)) or any(
+            p["metric"] == key and step <= self.dense_for * max(p["detected_at"], 1) for p in self.pending)
 
     def _judge(self, key: str, steps, found: list[dict] | None, step: int, final: bool,
                left: dict | None = None) -> list[dict]:

@@ -79,10 +79,11 @@ def copying_scores(model) -> Float[Tensor, "layer head"]:
     return eig.real.sum(-1) / eig.abs().sum(-1).clamp_min(1e-30)
 
 
-def _relative_product(a: Tensor, b: Tensor) -> float:
-    """||a b||_F / (||a||_F ||b||_F), 0 when either is zero (Elhage et al. 2021's composition norm)."""
-    size = float(torch.linalg.norm(a) * torch.linalg.norm(b))
-    return float(torch.linalg.norm(a @ b)) / size if size > 0 else 0.0
+def _relative_products(a: Tensor, b: Tensor) -> Tensor:
+    """||a b||_F / (||a||_F ||b||_F) of every pair of matrices in `a` [..., m, n] and `b`
+    [..., n, p] (broadcast), 0 where either is zero (Elhage et al. 2021's composition norm)."""
+    size = torch.linalg.matrix_norm(a) * torch.linalg.matrix_norm(b)
+    return torch.where(size > 0, torch.linalg.matrix_norm(a @ b) / size.clamp_min(1e-300), torch.zeros_like(size))
 
 
 def induction_mechanism_scores(model) -> dict[str, Float[Tensor, "layer head"]]:
@@ -98,7 +99,8 @@ def induction_mechanism_scores(model) -> dict[str, Float[Tensor, "layer head"]]:
       that writes where the earlier copy is, for the induction head to attend one further).
 
     W_QK = W_Q W_K^T and W_OV = W_V W_O (d_model x d_model). Of two random matrices both are
-    about 1/sqrt(d_model), so they can be compared with each other."""
+    about 1/sqrt(d_model), so they can be compared with each other. Every pair of a layer's
+    heads with the earlier heads in one batched product."""
     w_q, w_k = model.W_Q.detach().double(), model.W_K.detach().double()
     w_v, w_o = model.W_V.detach().double(), model.W_O.detach().double()
     w_e = model.W_E.detach().double()
@@ -106,15 +108,14 @@ def induction_mechanism_scores(model) -> dict[str, Float[Tensor, "layer head"]]:
     n_layers, n_heads = w_q.shape[:2]
     out = {"token_k": torch.zeros(n_layers, n_heads, dtype=torch.float64),
            "position_q": torch.zeros(n_layers, n_heads, dtype=torch.float64)}
-    moved = [[(w_e @ w_v[l, h] @ w_o[l, h], None if w_pos is None else w_pos @ w_v[l, h] @ w_o[l, h])
-              for h in range(n_heads)] for l in range(n_layers)]
+    tokens = (w_e @ w_v @ w_o).flatten(0, 1)  # what each head moves of the token embeddings: [layer x head, vocab, d_model]
+    positions = None if w_pos is None else (w_pos @ w_v @ w_o).flatten(0, 1)  # ... of the positions
     for layer in range(1, n_layers):
-        for head in range(n_heads):
-            qk = w_q[layer, head] @ w_k[layer, head].T
-            earlier = [moved[l][h] for l in range(layer) for h in range(n_heads)]
-            out["token_k"][layer, head] = max(_relative_product(qk, tokens.T) for tokens, _ in earlier)
-            if w_pos is not None:
-                out["position_q"][layer, head] = max(_relative_product(positions, qk) for _, positions in earlier)
+        qk = (w_q[layer] @ w_k[layer].transpose(-1, -2))[:, None]  # [head, 1, d_model, d_model]
+        earlier = slice(0, layer * n_heads)  # the heads of the layers before, in order
+        out["token_k"][layer] = _relative_products(qk, tokens[earlier].transpose(-1, -2)).amax(-1)
+        if positions is not None:
+            out["position_q"][layer] = _relative_products(positions[earlier], qk).amax(-1)
     return out
 
 
@@ -136,15 +137,15 @@ def head_scores(model, vocab_size: int, bos: int, n_ctx: int, rep_len: int | Non
     rep_len = rep_len or min(20, (n_ctx - 1) // 2)
     tokens = repeated_tokens(vocab_size, bos, rep_len, batch).to(next(model.parameters()).device)
     logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
-    n_layers = model.W_Q.shape[0]
-    patterns = [cache[f"blocks.{layer}.attn.hook_pattern"].double().cpu() for layer in range(n_layers)]
+    weights = _Weights(model)
+    patterns = [cache[f"blocks.{layer}.attn.hook_pattern"].double().cpu() for layer in range(weights.W_Q.shape[0])]
     tokens = tokens.cpu()
     scores = {
         "prev_token": torch.stack([previous_token_score(p) for p in patterns]),
         "duplicate": torch.stack([duplicate_token_score(p, tokens) for p in patterns]),
         "induction": torch.stack([induction_score(p, rep_len) for p in patterns]),
-        "copying": copying_scores(model).cpu(),
-        **{k: v.cpu() for k, v in induction_mechanism_scores(model).items()},
+        "copying": copying_scores(weights).cpu(),
+        **{k: v.cpu() for k, v in induction_mechanism_scores(weights).items()},
     }
     logp = F.log_softmax(logits.double().cpu()[:, :-1], dim=-1)
     nll = -logp.gather(-1, tokens[:, 1:, None])[..., 0]  # position i predicts token i+1
@@ -152,6 +153,17 @@ def head_scores(model, vocab_size: int, bos: int, n_ctx: int, rep_len: int | Non
     first, second = nll[:, 1:rep_len].mean(), nll[:, rep_len + 1:2 * rep_len].mean()
     return {"scores": scores, "icl/loss_gap": float(second - first), "icl/first_copy_loss": float(first),
             "icl/second_copy_loss": float(second), "rep_len": rep_len}
+
+
+class _Weights:
+    """The weight matrices that the scores read, each taken from the model once (a bridge stacks
+    every block's weights at each access)."""
+
+    def __init__(self, model):
+        for name in ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U"):
+            setattr(self, name, getattr(model, name).detach())
+        w_pos = getattr(model, "W_pos", None)
+        self.W_pos = None if w_pos is None else w_pos.detach()
 
 
 def classify(scores: dict[str, Tensor], thresholds: dict[str, float] = THRESHOLDS) -> dict[str, list[str]]:

@@ -504,7 +504,7 @@ def test_an_onset_not_found_again_is_withdrawn_at_the_first_look_past_withdraw_x
 
     watcher, steps, values = _settled_drop()
     stray = {"metric": "val/loss", "direction": "up", "onset": 600, "snr": 6.0, "confidence": 0.9,
-             "stage": "onset", "detected_at": 700, "seen_at": 1260}
+             "stage": "onset", "detected_at": 900, "seen_at": 1260}
     watcher.pending.append(dict(stray))
     looked = watcher._looked["val/loss"]
     assert len(steps[steps <= 2550]) < 1.1 * looked  # too few new points for `regrow` alone
@@ -570,18 +570,26 @@ def test_a_transition_is_not_confirmed_in_a_look_where_the_series_departs_past_i
 def test_a_series_with_a_change_under_way_is_looked_at_whenever_it_has_new_points():
     """`regrow` spares the detector a long series that has grown little since its last look; a
     series with an onset pending (or a change waiting to be found again) is looked at whenever
-    it has new points, so that its confirmation does not wait for 10% more of them."""
+    it has new points, so that its confirmation does not wait for 10% more of them: for as long
+    as adaptive resolution lasts (`dense_for` x the step the onset was said at), after which a
+    slow change waits for `regrow` again."""
     watcher, steps, values = _settled_drop()
     looked = watcher._looked["val/loss"]
-    keep = steps <= 2550
-    assert len(steps[keep]) < 1.1 * looked
-    watcher.update({"val/loss": (steps[keep], values[keep])}, 2550)
-    assert watcher._looked["val/loss"] == looked  # nothing under way: not looked at
+    assert len(steps[steps <= 2600]) < 1.1 * looked
+
+    def looks_at(now: int) -> bool:
+        keep = steps <= now
+        watcher.update({"val/loss": (steps[keep], values[keep])}, now)
+        return watcher._looked["val/loss"] == int(keep.sum())
+
+    assert not looks_at(2550)  # nothing under way
+    assert watcher.dense_for == 3
+    watcher.pending.append({"metric": "val/loss", "direction": "up", "onset": 700, "snr": 6.0, "confidence": 0.9,
+                            "stage": "onset", "detected_at": 850})  # 3 x 850 < 2,600
+    assert not looks_at(2560)
     watcher.pending.append({"metric": "val/loss", "direction": "up", "onset": 2400, "snr": 6.0, "confidence": 0.9,
                             "stage": "onset", "detected_at": 2500})
-    keep = steps <= 2600
-    watcher.update({"val/loss": (steps[keep], values[keep])}, 2600)
-    assert watcher._looked["val/loss"] == int(keep.sum())
+    assert looks_at(2570) and looks_at(2580)
 
 
 def test_a_confirmed_change_found_again_keeps_alive_only_the_onsets_that_began_before_it_ended():
