@@ -81,6 +81,8 @@ def _row_weights(batches, weights: list[float] | None) -> torch.Tensor:
     """One weight per sequence of the batches joined (`weights[i]` for batch i; 1 when None)."""
     weights = weights or [1.0] * len(batches)
     return torch.cat([torch.full((len(b),), float(w), dtype=torch.float64) for b, w in zip(batches, weights)])
+
+
 def sample_weights(batches, sample) -> list[float]:
     """How many sequences of its batch each sampled sequence stands for: with them, sums
     over a sample (`proportional_sample`) estimate the whole set's."""
@@ -136,8 +138,10 @@ class _Clean(ResidualPass):
         for name in names:
             parts = name.split(".")
             layer, kind = int(parts[1]), parts[-1]
-            value = {"hook_z": lambda: self.z[layer].unflatten(-1, (n_heads, -1)),
-                     "hook_attn_out": lambda: self.attn_out[layer], "hook_mlp_out": lambda: self.mlp_out[layer]}[kind]()
+            if kind == "hook_z":
+                value = self.z[layer].unflatten(-1, (n_heads, -1))
+            else:
+                value = (self.attn_out if kind == "hook_attn_out" else self.mlp_out)[layer]
             total = torch.einsum("bp,bp...->p...", has, value.double())
             sums = torch.zeros((n_ctx, *total.shape[1:]), dtype=torch.float64, device=row.device)
             sums[:has.shape[1]] = total
