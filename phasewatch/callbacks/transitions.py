@@ -94,10 +94,15 @@ def _refit(a: dict, b: dict, steps) -> bool:
     return within(a, b["midpoint"]) or within(b, a["midpoint"])
 
 
+def _first_after(steps, end: float) -> float:
+    """The first of the logged `steps` after `end` (where a jump between two logged steps that
+    was fitted to end before it shows); infinity when none is."""
+    return next((float(s) for s in steps if s > end), float("inf"))
+
+
 def _after(pending: dict, event: dict, steps) -> bool:
-    """A pending onset began after `event` had ended: past the first of the logged `steps` after
-    its end (where a jump between two logged steps shows)."""
-    return pending["onset"] > next((s for s in steps if s > event["end"]), float("inf"))
+    """A pending onset began after `event` had ended: past `_first_after` its end."""
+    return pending["onset"] > _first_after(steps, event["end"])
 
 
 def _moving_on(event: dict, left: dict | None, past) -> bool:
@@ -281,12 +286,9 @@ class TransitionWatcher(pl.Callback):
         when it began no later than the first of the series' `steps` after the confirmed
         change's end (the fitted end of a jump between two logged steps can come before the
         first step that shows it; after that, the series is on the move again)."""
-        def after(end: float) -> float:
-            return next((float(s) for s in steps if s > end), float("inf"))
-
         return any(r.get("stage", "confirmed") == "confirmed" and _same(r, event)
                    and (event["magnitude"] <= GROWN * r["magnitude"] and _refit(r, event, steps)
-                        if "magnitude" in event else event["onset"] <= after(r["end"]))
+                        if "magnitude" in event else not _after(event, r, steps))
                    for r in [*self.reported, *also])
 
     @staticmethod

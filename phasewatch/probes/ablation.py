@@ -71,10 +71,14 @@ def position_means(model, batches, names: set[str], weights: list[float] | None 
     keep the length (and everything computed from it) intact. One forward pass of the
     native module on the batches padded to one (`padded`), keeping each output as it leaves its
     module, before any hook already on it, as the bridge's hooks cache it (`_Clean.means`)."""
-    joined, mask = padded(batches)
     device = next(model.parameters()).device
-    run = _Clean(native_module(model), joined.tokens.to(device), None if mask is None else mask.to(device))
-    return run.means(names, _row_weights(batches, weights).to(device))
+    return _clean_pass(native_module(model), batches, device).means(names, _row_weights(batches, weights).to(device))
+
+
+def _clean_pass(native, batches, device) -> "_Clean":
+    """`_Clean` of the batches padded to one (`padded`), on `device`."""
+    joined, mask = padded(batches)
+    return _Clean(native, joined.tokens.to(device), None if mask is None else mask.to(device))
 
 
 def _row_weights(batches, weights: list[float] | None) -> torch.Tensor:
@@ -290,8 +294,7 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
         means = None if drawn is None else position_means(model, drawn, hooks, sample_weights(batches, drawn))
         clean = _Clean(native, joined.tokens, None if mask is None else mask.to(device))
     else:  # one clean pass of the means' sample serves both: the means, and the ablated sample's rows of it
-        both, both_mask = padded(drawn)
-        run = _Clean(native, both.tokens.to(device), None if both_mask is None else both_mask.to(device))
+        run = _clean_pass(native, drawn, device)
         means = run.means(hooks, _row_weights(drawn, sample_weights(batches, drawn)).to(device))
         starts = torch.tensor([0, *[len(d) for d in drawn]]).cumsum(0)
         clean = run.rows(torch.cat([start + i for start, i in zip(starts.tolist(), nested)]).to(device))

@@ -52,8 +52,9 @@ def composition_matrix(
     g1 = u1.transpose(-2, -1) @ u1  # (n1, r, r)
     g2 = v2 @ v2.transpose(-2, -1)  # (n2, r, r)
     m = torch.einsum("ard,bds->abrs", v1, u2)  # (n1, n2, r, r)
-    # ||u1 m v2||^2 = tr(m^T g1 m g2)
-    prod = torch.einsum("abji,ajk,abkl,bli->ab", m, g1, m, g2)
+    # ||u1 m v2||^2 = tr(m^T g1 m g2) = sum of the entries of (g1 m) * (m g2), g1 being symmetric
+    # (two batched products: a four-operand einsum searches its contraction path at every call)
+    prod = ((g1[:, None] @ m) * (m @ g2[None])).sum((-2, -1))
     n1 = factored_norm_sq(u1, v1)
     n2 = factored_norm_sq(u2, v2)
     denominator = n1.clamp_min(0).sqrt()[:, None] * n2.clamp_min(0).sqrt()[None, :]

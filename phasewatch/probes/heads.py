@@ -35,6 +35,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phasewatch.models import head_label
+from phasewatch.probes.composition import composition_matrix
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import step_generator
@@ -79,13 +80,6 @@ def copying_scores(model) -> Float[Tensor, "layer head"]:
     return eig.real.sum(-1) / eig.abs().sum(-1).clamp_min(1e-30)
 
 
-def _relative_products(a: Tensor, b: Tensor) -> Tensor:
-    """||a b||_F / (||a||_F ||b||_F) of every pair of matrices in `a` [..., m, n] and `b`
-    [..., n, p] (broadcast), 0 where either is zero (Elhage et al. 2021's composition norm)."""
-    size = torch.linalg.matrix_norm(a) * torch.linalg.matrix_norm(b)
-    return torch.where(size > 0, torch.linalg.matrix_norm(a @ b) / size.clamp_min(1e-300), torch.zeros_like(size))
-
-
 def induction_mechanism_scores(model) -> dict[str, Float[Tensor, "layer head"]]:
     """How each head of layer >= 1 could find "the token after the earlier copy", from
     the weights (0 for layer 0):
@@ -99,23 +93,27 @@ def induction_mechanism_scores(model) -> dict[str, Float[Tensor, "layer head"]]:
       that writes where the earlier copy is, for the induction head to attend one further).
 
     W_QK = W_Q W_K^T and W_OV = W_V W_O (d_model x d_model). Of two random matrices both are
-    about 1/sqrt(d_model), so they can be compared with each other. Every pair of a layer's
-    heads with the earlier heads in one batched product."""
-    w_q, w_k = model.W_Q.detach().double(), model.W_K.detach().double()
-    w_v, w_o = model.W_V.detach().double(), model.W_O.detach().double()
+    about 1/sqrt(d_model), so they can be compared with each other. Both are composition
+    scores (`composition_matrix`, from the factored matrices), of every head with every head
+    in one call; each head keeps its largest over the heads of earlier layers."""
+    w_q, w_k = model.W_Q.detach().double().flatten(0, 1), model.W_K.detach().double().flatten(0, 1)
+    w_v, w_o = model.W_V.detach().double().flatten(0, 1), model.W_O.detach().double().flatten(0, 1)
     w_e = model.W_E.detach().double()
     w_pos = model.W_pos.detach().double() if getattr(model, "W_pos", None) is not None else None
-    n_layers, n_heads = w_q.shape[:2]
+    n_layers, n_heads = model.W_Q.shape[:2]
     out = {"token_k": torch.zeros(n_layers, n_heads, dtype=torch.float64),
            "position_q": torch.zeros(n_layers, n_heads, dtype=torch.float64)}
-    tokens = (w_e @ w_v @ w_o).flatten(0, 1)  # what each head moves of the token embeddings: [layer x head, vocab, d_model]
-    positions = None if w_pos is None else (w_pos @ w_v @ w_o).flatten(0, 1)  # ... of the positions
+    if n_layers < 2:
+        return out
+    # W_QK^H (W_E W_OV^E)^T = (W_Q W_K^T)(W_O^T (W_E W_V)^T): [reading head, moving head]
+    token_k = composition_matrix(w_q, w_k.transpose(-1, -2), w_o.transpose(-1, -2), (w_e @ w_v).transpose(-1, -2))
+    # (W_pos W_OV^E) W_QK^H = ((W_pos W_V) W_O)(W_Q W_K^T): [moving head, reading head]
+    position_q = None if w_pos is None else composition_matrix(w_pos @ w_v, w_o, w_q, w_k.transpose(-1, -2))
     for layer in range(1, n_layers):
-        qk = (w_q[layer] @ w_k[layer].transpose(-1, -2))[:, None]  # [head, 1, d_model, d_model]
-        earlier = slice(0, layer * n_heads)  # the heads of the layers before, in order
-        out["token_k"][layer] = _relative_products(qk, tokens[earlier].transpose(-1, -2)).amax(-1)
-        if positions is not None:
-            out["position_q"][layer] = _relative_products(positions[earlier], qk).amax(-1)
+        heads, earlier = slice(layer * n_heads, (layer + 1) * n_heads), slice(0, layer * n_heads)
+        out["token_k"][layer] = token_k[heads, earlier].amax(-1)
+        if position_q is not None:
+            out["position_q"][layer] = position_q[earlier, heads].amax(0)
     return out
 
 
