@@ -14,7 +14,10 @@ and goes to every logger that records events (the run folder's events, W&B):
     10% point so far).
   Later looks that find the same change (by either test, within `SAME` of its span from its
   onset to the last look that found it) keep it pending; a change already confirmed does so only
-  for an onset that began by the first logged step past its end (`_after`).
+  for an onset that began by the first logged step past its end (`_after`), and a departure
+  that began after a confirmed transition's end does so only for an onset that began after it
+  too (`_apart`: on induction_2l, the induction bump in `val/acc` is then said at its start, not
+  taken for the slow rise before it).
 - `confirmed`: the transition with onset, midpoint, end and magnitude (the event format of
   DESIGN.md plus `stage`), once it has been seen in two looks (the first gives its onset
   event, unless it had long ended when first found), the run has reached `settle` x its end
@@ -103,6 +106,14 @@ def _first_after(steps, end: float) -> float:
 def _after(pending: dict, event: dict, steps) -> bool:
     """A pending onset began after `event` had ended: past `_first_after` its end."""
     return pending["onset"] > _first_after(steps, event["end"])
+
+
+def _apart(a: dict, b: dict, confirmed: list[dict], steps) -> bool:
+    """Two changes of a series lie on either side of the end of one of its `confirmed`
+    transitions (one began by `_first_after` its end, the other after): they are not one
+    change, however close (a series that has settled after a transition and then moves on
+    has begun a new one)."""
+    return any(_after(a, r, steps) != _after(b, r, steps) for r in confirmed)
 
 
 def _moving_on(event: dict, left: dict | None, past) -> bool:
@@ -255,7 +266,8 @@ class TransitionWatcher(pl.Callback):
         if found is not None:
             self._candidates[key] = candidates
         if left is not None and not self._confirmed(left, steps, new):
-            pending = [p for p in self.pending if _continues(p, left)]
+            confirmed = [r for r in self.reported if r["metric"] == key and r.get("stage", "confirmed") == "confirmed"]
+            pending = [p for p in self.pending if _continues(p, left) and not _apart(p, left, confirmed, steps)]
             matched.update(id(p) for p in pending)
             if not pending:  # a departure from the trend: a transition under way before the detector can fit it
                 new.append(self._onset(left, step, matched))

@@ -611,3 +611,34 @@ def test_a_confirmed_change_found_again_keeps_alive_only_the_onsets_that_began_b
     assert [(e["stage"], e["reason"], e["onset"]) for e in events] == [("withdrawn", "not found again", later["onset"])]
     assert WITHDRAW * later["detected_at"] <= events[0]["detected_at"]
     assert [p["onset"] for p in watcher.pending] == [within["onset"]]
+
+
+def test_a_departure_after_a_confirmed_transition_ended_is_not_the_change_of_an_onset_from_before_its_end():
+    """induction_2l's `val/acc`: a slow rise confirmed over 465-1,024, then an onset said at step
+    1,200 from a later fit of it (onset 521), then at 1,300 the induction bump leaves the trend.
+    The bump is a change of its own, said at once (before: taken for the pending onset's change,
+    and said only at 1,700, past its midpoint at 1,441). With no confirmed end between them the
+    departure is the pending onset's change; one up to the first logged step past the confirmed
+    end is the confirmed transition's."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    steps = np.arange(50, 1301, 50)
+    confirmed = {"metric": "val/acc", "direction": "up", "onset": 465, "midpoint": 742, "end": 1024,
+                 "magnitude": 0.02, "stage": "confirmed", "detected_at": 1150}
+    stale = {"metric": "val/acc", "direction": "up", "onset": 521, "snr": 26.9, "confidence": 1.0,
+             "stage": "onset", "detected_at": 1200, "seen_at": 1250}
+    bump = {"metric": "val/acc", "direction": "up", "onset": 1300, "snr": 8.0, "confidence": 0.95}
+
+    def judge(left, reported=(confirmed,)):
+        watcher = TransitionWatcher()
+        watcher.reported += [dict(r) for r in reported]
+        watcher.pending.append(dict(stale))
+        return watcher._judge("val/acc", steps, None, 1300, False, left), watcher
+
+    new, watcher = judge(bump)
+    assert [(e["stage"], e["onset"]) for e in new] == [("onset", 1300)]
+    assert sorted(p["onset"] for p in watcher.pending) == [521, 1300]
+    new, watcher = judge(bump, reported=())
+    assert new == [] and [(p["onset"], p["seen_at"]) for p in watcher.pending] == [(521, 1300)]
+    new, watcher = judge({**bump, "onset": 1050})
+    assert new == [] and [p["onset"] for p in watcher.pending] == [521]
