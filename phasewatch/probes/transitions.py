@@ -510,7 +510,8 @@ def departure(steps: Sequence[float], values: Sequence[float], metric: str = "",
     n = len(t)
     if n < DEPARTURE_BASELINE + 1 or np.ptp(y) <= FLAT * float(np.max(np.abs(y))):
         return None
-    noise = max(_robust_scale(_point_residuals(t, y)[1]), NOISE_FLOOR * float(np.ptp(y)))
+    residuals = _point_residuals(t, y)[1]  # residuals[i] is point i + 1's: a window's are a slice of them
+    noise = max(_robust_scale(residuals), NOISE_FLOOR * float(np.ptp(y)))
     best = None
     for window in DEPARTURE_WINDOWS:
         start = int(np.searchsorted(t, t[-1] - window))
@@ -525,7 +526,7 @@ def departure(steps: Sequence[float], values: Sequence[float], metric: str = "",
                 continue
             slope = float(((tb - t_mean) * (yb - y_mean)).sum()) / sxx
             misfit = float(np.sqrt(((yb - y_mean - slope * (tb - t_mean)) ** 2).sum() / (m - 2))) if m > 2 else 0.0
-            sigma = max(noise, misfit, _robust_scale(_point_residuals(t[start:n - k + 1], y[start:n - k + 1])[1]))
+            sigma = max(noise, misfit, _robust_scale(residuals[start:n - k - 1]))
             r = yn - (y_mean + slope * (tn - t_mean))
             se = sigma * math.sqrt(k + k**2 * (1 / m + (float(tn.mean()) - t_mean) ** 2 / sxx))
             z = float(r.sum()) / se
