@@ -30,7 +30,8 @@ and goes to every logger that records events (the run folder's events, W&B):
 - `withdrawn`: an onset that no confirmed transition took up: when the run has reached
   `WITHDRAW` x the last step at which a detector's look found it (`reason`: "not found
   again"), or at the end of training ("training ended": every onset still pending then,
-  including one that later looks kept finding as a transition already confirmed).
+  including one that later looks kept finding as a transition already confirmed; a validation
+  at the last step has no look of its own, as the final look follows it).
 
 While an onset is pending (`dense_now(trainer)`), the checkpoints and the probes of the shared
 schedule also run at the steps of a denser log-spaced grid (`dense_count` points over the
@@ -170,7 +171,8 @@ class TransitionWatcher(pl.Callback):
         if trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         self._validations += 1
-        if self._validations % self.every == 0:
+        last = 0 < trainer.max_steps <= trainer.global_step  # the final look follows (on_train_end)
+        if self._validations % self.every == 0 and not last:
             self.look(trainer, trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -309,6 +311,9 @@ class TransitionWatcher(pl.Callback):
         at = f"{trainer.member} step {at}" if getattr(trainer, "member", None) else f"step {at}"  # a population's
         if event["stage"] == "onset":
             print(f"phasewatch: {at}: transition under way in {metric} ({direction}) since step {event['onset']}")
+        elif event["stage"] == "withdrawn" and event["reason"] == "training ended":
+            print(f"phasewatch: {at}: withdrawn: training ended before the change in {metric} ({direction}) "
+                  f"from step {event['onset']} was confirmed as a transition")
         elif event["stage"] == "withdrawn":
             print(f"phasewatch: {at}: withdrawn: the change in {metric} ({direction}) from step "
                   f"{event['onset']} was not a transition")

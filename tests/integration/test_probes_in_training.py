@@ -95,6 +95,9 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
         (e["stage"], set(e) ^ fields[e["stage"]]) for e in everything if set(e) != fields[e["stage"]]]
     events = [e for e in everything if e["stage"] == "confirmed"]
     assert events and all(e["kind"] == "transition" for e in events)
+    # the last validation (step 300) has no look of its own: the final look follows, and an onset
+    # said there would be withdrawn at once (this run's val/acc and val/seq_acc were)
+    assert not [e for e in everything if e["stage"] == "onset" and e["detected_at"] == 300]
     assert all(e["onset"] <= e["midpoint"] <= e["end"] <= e["detected_at"] for e in events)
     # a confirmed transition that had an onset event had it earlier, from the same series
     for e in events:
@@ -116,6 +119,10 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
     assert acc and acc[0]["direction"] == "up"  # memorisation of the training pairs
     out = capsys.readouterr().out
     assert f"transition in train/acc (up) from step {acc[0]['onset']}" in out
+    for e in everything:  # a change still under way when training ended is not said to be no transition
+        if e["stage"] == "withdrawn" and e["reason"] == "training ended":
+            assert (f"withdrawn: training ended before the change in {e['metric']} ({e['direction']}) from step "
+                    f"{e['onset']} was confirmed as a transition") in out
     keys = [(e["metric"], e["direction"], e["onset"]) for e in events]
     assert len(keys) == len(set(keys))  # each reported once
 
