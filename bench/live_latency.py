@@ -22,8 +22,12 @@ series without a transition.
    steps, no live test has anything to go on before the midpoint). A run folder already in
    `--out` is scored again, not rerun.
 
+3. With `--frontier`: the real runs with adaptive resolution on replayed look by look with
+   other bars for the departure test (`--transitions.departure_z`; none: without it), to show
+   what each costs in false starts and buys in early onsets.
+
     python bench/live_latency.py [--seeds 3] [--real quickstart induction_2l digit_addition]
-                                 [--steps 3000] [--out /tmp/live_latency]
+                                 [--steps 3000] [--out /tmp/live_latency] [--frontier]
 """
 
 from __future__ import annotations
@@ -235,6 +239,40 @@ def real(configs: list[str], steps: int, out: Path) -> None:
         json.dump([{"config": c, "dense": d, "rows": r} for c, d, r, *_ in rows_all], f, indent=1, default=str)
 
 
+def replay_folder(run: Path, watcher: TransitionWatcher) -> tuple[list[dict], list[dict]]:
+    """A finished run folder's watched series replayed look by look through `watcher`, a look at
+    every validation (the steps of `val/loss`; the last one final): its events, and the offline
+    transitions of the finished series."""
+    series = {k: (np.asarray(s), np.asarray(v)) for k, (s, v) in RunFolder(run).series().items() if not is_detail(k)}
+    looks = series["val/loss"][0]
+    watcher.plan(int(looks[-1]))
+    events = []
+    for look in looks:
+        cut = {k: (s[s <= look], v[s <= look]) for k, (s, v) in series.items() if (s <= look).any()}
+        events += watcher.update(cut, int(look), final=look == looks[-1])
+    return events, [e for k, (s, v) in series.items() for e in detect_transitions(s, v, k)]
+
+
+#: the departure test's bars that `frontier` tries (None: no departure test)
+BARS = (5.0, 6.0, 7.0, 8.0, 10.0, None)
+
+
+def frontier(configs: list[str], out: Path) -> None:
+    """Onsets before the midpoint against false starts, for departure tests of other bars: the
+    real runs with adaptive resolution on (run by `real` into `out`) replayed through the
+    watcher with each bar in `BARS`. A replay keeps the series the run logged, so the steps
+    that adaptive resolution added are those of the run with today's bar (5)."""
+    print("## Real runs replayed with other departure bars\n")
+    print(HEADER.replace("| series |", "| series | departure bar |").replace("|---|", "|---|---|", 1))
+    for bar in BARS:
+        for config in configs:
+            watcher = TransitionWatcher(departures=bar is not None, departure_z=bar or 5.0)
+            events, truth = replay_folder(out / f"{config}-dense", watcher)
+            withdrawn = [e for e in events if e.get("stage") == "withdrawn"]
+            row = summary(score(truth, events), withdrawn, config, unfound(truth, events))
+            print(row.replace(f"| {config} |", f"| {config} | {'none' if bar is None else f'{bar:g}'} |", 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -242,12 +280,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--out", type=Path, default=Path("/tmp/live_latency"))
     parser.add_argument("--no-synthetic", action="store_true")
+    parser.add_argument("--frontier", action="store_true",
+                        help="also replay the real runs with other departure bars (onsets against false starts)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.no_synthetic:
         synthetic(args.seeds)
     if args.real:
         real(args.real, args.steps, args.out)
+        if args.frontier:
+            frontier(args.real, args.out)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Each event gets a `stage` and `detected_at` (the step at which it was found), a 
 and goes to every logger that records events (the run folder's events, W&B):
 
 - `onset`: a transition in progress, said as soon as either
-  - the series' newest points leave its recent trend by 5 standard errors (`departure`: the
+  - the series' newest points leave its recent trend by 5 standard errors (`departure_z`; `departure`: the
     start of a change, before the detector can fit it; its `onset` is the first point that left), or
   - the detector finds a change that stands out of the series' noise and has not yet ended (or
     has ended too recently to be sure of) in two looks in a row (its `onset`: the fitted curve's
@@ -53,7 +53,8 @@ from phasewatch.callbacks.loggers import log_event, logged_series
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import departure, detect_transitions
-from phasewatch.errors import require_int
+from phasewatch.errors import require, require_int
+from phasewatch.rundir import is_number
 
 #: two events are the same transition when their spans, each widened by this factor in log-step,
 #: overlap (estimates move a little as the series grows)
@@ -147,16 +148,22 @@ class TransitionWatcher(pl.Callback):
         `detected_at` step.
     departures: also give an onset when a series' newest points leave its recent trend
         (`probes.transitions.departure`), before the detector can fit the change (False: onsets
-        only from the detector's changes under way).
+        only from the detector's changes under way)...
+    departure_z: ... by this many standard errors (5): a higher bar says fewer onsets that come
+        to nothing and says the others later (bench/README.md, `live_latency.py --frontier`).
     """
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
                  points_after: int = 3, regrow: float = 0.1, dense: bool = True, dense_count: int = 200, dense_for: float = 3.0,
-                 departures: bool = True):
+                 departures: bool = True, departure_z: float = 5.0):
         self.metrics, self.every, self.settle, self.departures = metrics, max(1, int(every_n_validations)), settle, departures
         self.points_after, self.regrow, self.dense, self.dense_for = points_after, regrow, dense, dense_for
         require_int(dense_count, "transitions.dense_count", 2)
-        self.dense_count = dense_count
+        require(is_number(departure_z) and departure_z > 0, "transitions.departure_z",
+                f"{departure_z!r} is not a number of standard errors",
+                "Give a number > 0 (5 by default; higher for fewer onsets that come to nothing, said later), "
+                "or --transitions.departures false for no departure test.")
+        self.dense_count, self.departure_z = dense_count, float(departure_z)
         self.reported: list[dict[str, Any]] = []  # every event reported, in order
         self.pending: list[dict[str, Any]] = []  # onsets not yet confirmed or withdrawn
         self._candidates: dict[str, list[dict]] = {}  # series -> transitions found settled but not yet twice
@@ -219,7 +226,7 @@ class TransitionWatcher(pl.Callback):
             left = None
             if self.departures and not final and len(steps) > self._departed.get(key, 0):
                 self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
-                left = departure(steps, values, key)
+                left = departure(steps, values, key, bar=self.departure_z)
             if due:
                 self._looked[key] = len(steps)
             found = detect_transitions(steps, values, key, in_progress=not final) if due else None

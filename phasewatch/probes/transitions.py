@@ -481,7 +481,8 @@ DEPARTURE_BASELINE = 4
 DEPARTURE_Z = 5.0
 
 
-def departure(steps: Sequence[float], values: Sequence[float], metric: str = "", log_values: bool = False) -> dict | None:
+def departure(steps: Sequence[float], values: Sequence[float], metric: str = "", log_values: bool = False,
+              bar: float = DEPARTURE_Z) -> dict | None:
     """Whether the newest points of a series have left its recent trend: the early sign of a
     transition under way, before the detector can fit it (it needs most of a step).
 
@@ -496,7 +497,7 @@ def departure(steps: Sequence[float], values: Sequence[float], metric: str = "",
     points before about their line (a robust scale from a few points can come out far too small
     by chance; and where they are no line, e.g. a window over the end of an earlier drop, the
     trend is no guide and z shrinks). A departure needs
-    |z| >= `DEPARTURE_Z`, at least 3/4 of the newest points on its side of the trend, the
+    |z| >= `bar` (`DEPARTURE_Z` by default), at least 3/4 of the newest points on its side of the trend, the
     newest one as far out as the first, and the newest points' mean beyond the mean of as many
     points before them (at least 2) by 2 standard errors in that direction: the series moves
     that way (the end of a drop is also a departure from its steep line, upwards; the series
@@ -533,12 +534,12 @@ def departure(steps: Sequence[float], values: Sequence[float], metric: str = "",
             sign = 1.0 if z > 0 else -1.0
             before = yb[-max(k, 2):]
             moved = sign * (float(yn.mean()) - float(before.mean())) / (sigma * math.sqrt(1 / k + 1 / len(before)))
-            if abs(z) < DEPARTURE_Z or np.mean(np.sign(r) == sign) < 0.75 or abs(r[-1]) < abs(r[0]) or moved < 2:
+            if abs(z) < bar or np.mean(np.sign(r) == sign) < 0.75 or abs(r[-1]) < abs(r[0]) or moved < 2:
                 continue
             if best is None or abs(z) > best["snr"]:
                 best = {"metric": metric, "direction": "up" if z > 0 else "down",
                         "onset": int(round(10 ** tn[0])), "snr": abs(z),
-                        "confidence": _normal_cdf(abs(z) - DEPARTURE_Z)}
+                        "confidence": _normal_cdf(abs(z) - bar)}
     return best
 
 

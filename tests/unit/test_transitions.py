@@ -642,3 +642,30 @@ def test_a_departure_after_a_confirmed_transition_ended_is_not_the_change_of_an_
     assert new == [] and [(p["onset"], p["seen_at"]) for p in watcher.pending] == [(521, 1300)]
     new, watcher = judge({**bump, "onset": 1050})
     assert new == [] and [p["onset"] for p in watcher.pending] == [521]
+
+
+
+def test_the_departure_bar_is_the_users_choice():
+    """`departure_z` sets the departure test's bar: flat noise (0.02) whose newest two points
+    jumped by 0.1 leaves its trend by z ~ 10.5 standard errors, a departure for a bar just under
+    z and not for one just over it; a watcher with the default bar says an onset from it at its
+    first look (the detector, which needs a second look for a change this small, says nothing
+    yet), one with the higher bar says nothing. A bar that is not a positive number is refused,
+    naming the option."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+    from phasewatch.errors import ConfigError
+    from phasewatch.probes.transitions import departure
+
+    steps = np.arange(25, 1001, 25)
+    values = 1 + np.random.default_rng(0).normal(0, 0.02, len(steps))
+    values[-2:] += 0.1
+    z = departure(steps, values, "x")["snr"]
+    assert 8 < z < 13
+    assert departure(steps, values, "x", bar=z - 0.01)["onset"] == 975
+    assert departure(steps, values, "x", bar=z + 0.01) is None
+    said = TransitionWatcher().update({"x": (steps, values)}, 1000)
+    assert [(e["stage"], e["onset"], e["snr"]) for e in said] == [("onset", 975, z)]
+    assert TransitionWatcher(departure_z=z + 0.01).update({"x": (steps, values)}, 1000) == []
+    for bad in (0, -1, "five"):
+        with pytest.raises(ConfigError, match="transitions.departure_z"):
+            TransitionWatcher(departure_z=bad)
