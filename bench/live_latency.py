@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phasewatch.callbacks.transitions import TransitionWatcher, _same
+from phasewatch.callbacks.transitions import SAME, TransitionWatcher, _refit
 from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import detect_transitions
 from phasewatch.rundir import RunFolder
@@ -120,11 +120,27 @@ def values_at(f, steps: np.ndarray) -> np.ndarray:
     return np.array([memo[int(s)] for s in steps])
 
 
-def score(truth: list[dict], events: list[dict]) -> list[dict]:
-    """Per offline transition: first onset step / midpoint, confirmed step / end."""
+def matches(event: dict, t: dict, steps) -> bool:
+    """A live event is the offline transition `t` (same metric and direction): a confirmed one
+    when one's midpoint lies within the other's span, widened to the series' logged `steps`
+    around it (`_refit`: the watcher's own test of one change fitted twice); an onset when it
+    began by t's end and no earlier than one 10-90% width of t before its onset, in log-step
+    (where a logistic is at ~0.1% of its change), or `SAME` x before it, whichever is earlier: a
+    departure is seen at the first point that left the trend, which can come before the fitted
+    10% point. An event of another change of the series, before or after, is not t's."""
+    if event["metric"] != t["metric"] or event["direction"] != t["direction"]:
+        return False
+    if event.get("stage", "confirmed") == "confirmed":
+        return _refit(event, t, steps)
+    return min(t["onset"] / SAME, t["onset"] ** 2 / t["end"]) <= event["onset"] <= t["end"]
+
+
+def score(truth: list[dict], events: list[dict], steps: dict) -> list[dict]:
+    """Per offline transition: the first onset event that `matches` it, its step / midpoint; the
+    first confirmed one, its step / end (`steps`: each metric's logged steps)."""
     rows = []
     for t in truth:
-        mine = [e for e in events if e["metric"] == t["metric"] and _same(e, t)]
+        mine = [e for e in events if e.get("stage") != "withdrawn" and matches(e, t, steps[t["metric"]])]
         onset = next((e["detected_at"] for e in mine if e.get("stage") == "onset"), None)
         confirmed = next((e["detected_at"] for e in mine if e.get("stage", "confirmed") == "confirmed"), None)
         rows.append({"metric": t["metric"], "midpoint": t["midpoint"], "end": t["end"],
@@ -133,10 +149,10 @@ def score(truth: list[dict], events: list[dict]) -> list[dict]:
     return rows
 
 
-def unfound(truth: list[dict], events: list[dict]) -> int:
+def unfound(truth: list[dict], events: list[dict], steps: dict) -> int:
     """Confirmed events that match no transition of the finished series (e.g. the start of a
     slow change confirmed as a small one of its own before the rest came)."""
-    return sum(not any(t["metric"] == e["metric"] and _same(e, t) for t in truth)
+    return sum(not any(matches(e, t, steps[e["metric"]]) for t in truth)
                for e in events if e.get("stage", "confirmed") == "confirmed")
 
 
@@ -181,9 +197,9 @@ def synthetic(seeds: int) -> None:
                         if setting == "previous":
                             events = [e for e in events if e["stage"] == "confirmed"]
                         rows, withdrawn, extra = results[setting]
-                        rows += score(truth, events)
+                        rows += score(truth, events, {"x": steps})
                         results[setting] = (rows, withdrawn + [e for e in events if e["stage"] == "withdrawn"],
-                                            extra + unfound(truth, events))
+                                            extra + unfound(truth, events, {"x": steps}))
             for setting, (rows, withdrawn, extra) in results.items():
                 print(summary(rows, withdrawn, f"{kind}, {setting}", extra))
         print(f"\nAn ideal test (the drop's shape, the level before it and the noise known; 5 standard "
@@ -208,7 +224,8 @@ def real(configs: list[str], steps: int, out: Path) -> None:
             series = {k: v for k, v in folder.series().items() if not is_detail(k)}
             truth = [e for k, (s, v) in series.items() for e in detect_transitions(s, v, k)]
             events = list(folder.read_events())
-            rows = score(truth, events)
+            logged = {k: s for k, (s, v) in series.items()}
+            rows = score(truth, events, logged)
             ckpts = [int(p.stem.split("=")[1]) for p in folder.checkpoints.glob("step=*.ckpt")]
             for r, t in zip(rows, truth):
                 s = series[t["metric"]][0]
@@ -217,7 +234,7 @@ def real(configs: list[str], steps: int, out: Path) -> None:
                 r["checkpoints"] = sum(t["onset"] <= x <= t["end"] for x in ckpts)
             withdrawn = [e for e in events if e.get("stage") == "withdrawn"]
             rows_all.append((config, dense, rows, withdrawn, float((run / "bench_wall_s").read_text()),
-                             unfound(truth, events)))
+                             unfound(truth, events, logged)))
     print(HEADER)
     for config, dense, rows, withdrawn, _, extra in rows_all:
         print(summary(rows, withdrawn, f"{config}, adaptive {'on' if dense else 'off'}", extra))
@@ -239,10 +256,10 @@ def real(configs: list[str], steps: int, out: Path) -> None:
         json.dump([{"config": c, "dense": d, "rows": r} for c, d, r, *_ in rows_all], f, indent=1, default=str)
 
 
-def replay_folder(run: Path, watcher: TransitionWatcher) -> tuple[list[dict], list[dict]]:
+def replay_folder(run: Path, watcher: TransitionWatcher) -> tuple[list[dict], list[dict], dict]:
     """A finished run folder's watched series replayed look by look through `watcher`, a look at
-    every validation (the steps of `val/loss`; the last one final): its events, and the offline
-    transitions of the finished series."""
+    every validation (the steps of `val/loss`; the last one final): its events, the offline
+    transitions of the finished series, and each series' logged steps."""
     series = {k: (np.asarray(s), np.asarray(v)) for k, (s, v) in RunFolder(run).series().items() if not is_detail(k)}
     looks = series["val/loss"][0]
     watcher.plan(int(looks[-1]))
@@ -250,7 +267,8 @@ def replay_folder(run: Path, watcher: TransitionWatcher) -> tuple[list[dict], li
     for look in looks:
         cut = {k: (s[s <= look], v[s <= look]) for k, (s, v) in series.items() if (s <= look).any()}
         events += watcher.update(cut, int(look), final=look == looks[-1])
-    return events, [e for k, (s, v) in series.items() for e in detect_transitions(s, v, k)]
+    return (events, [e for k, (s, v) in series.items() for e in detect_transitions(s, v, k)],
+            {k: s for k, (s, v) in series.items()})
 
 
 #: the departure test's bars that `frontier` tries (None: no departure test)
@@ -267,9 +285,9 @@ def frontier(configs: list[str], out: Path) -> None:
     for bar in BARS:
         for config in configs:
             watcher = TransitionWatcher(departures=bar is not None, departure_z=bar or 5.0)
-            events, truth = replay_folder(out / f"{config}-dense", watcher)
+            events, truth, logged = replay_folder(out / f"{config}-dense", watcher)
             withdrawn = [e for e in events if e.get("stage") == "withdrawn"]
-            row = summary(score(truth, events), withdrawn, config, unfound(truth, events))
+            row = summary(score(truth, events, logged), withdrawn, config, unfound(truth, events, logged))
             print(row.replace(f"| {config} |", f"| {config} | {'none' if bar is None else f'{bar:g}'} |", 1))
 
 
