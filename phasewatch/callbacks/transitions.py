@@ -7,8 +7,9 @@ Each event gets a `stage` and `detected_at` (the step at which it was found), a 
 and goes to every logger that records events (the run folder's events, W&B):
 
 - `onset`: a transition in progress, said as soon as either
-  - the series' newest points leave its recent trend by 5 standard errors (`departure_z`; `departure`: the
-    start of a change, before the detector can fit it; its `onset` is the first point that left), or
+  - the series' newest points leave its recent trend by `departure_z` (5) standard errors
+    (`departure`: the start of a change, before the detector can fit it; its `onset` is the first
+    point that left), or
   - the detector finds a change that stands out of the series' noise and has not yet ended (or
     has ended too recently to be sure of) in two looks in a row (its `onset`: the fitted curve's
     10% point so far).

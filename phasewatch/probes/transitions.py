@@ -496,12 +496,12 @@ def departure(steps: Sequence[float], values: Sequence[float], metric: str = "",
     as in `detect_transitions`) in the window and over the whole series, and the scatter of the
     points before about their line (a robust scale from a few points can come out far too small
     by chance; and where they are no line, e.g. a window over the end of an earlier drop, the
-    trend is no guide and z shrinks). A departure needs
-    |z| >= `bar` (`DEPARTURE_Z` by default), at least 3/4 of the newest points on its side of the trend, the
-    newest one as far out as the first, and the newest points' mean beyond the mean of as many
-    points before them (at least 2) by 2 standard errors in that direction: the series moves
-    that way (the end of a drop is also a departure from its steep line, upwards; the series
-    slowing down is not a new change). The strongest split wins.
+    trend is no guide and z shrinks). A departure needs |z| >= `bar` (`DEPARTURE_Z` by default),
+    at least 3/4 of the newest points on its side of the trend, the newest one as far out as
+    the first, and the newest points' mean beyond the mean of as many points before them (at
+    least 2) by 2 standard errors in that direction: the series moves that way (the end of a
+    drop is also a departure from its steep line, upwards; the series slowing down is not a new
+    change). The strongest split wins.
 
     Returns None or {metric, direction, onset (the first of the newest points that left the
     trend), snr (|z|), confidence (Gaussian probability that z passes the test again: 0.5
