@@ -221,8 +221,7 @@ def real(configs: list[str], steps: int, out: Path) -> None:
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                 (run / "bench_wall_s").write_text(f"{time.perf_counter() - start:.1f}")
             folder = RunFolder(run)
-            series = {k: v for k, v in folder.series().items() if not is_detail(k)}
-            truth = [e for k, (s, v) in series.items() for e in detect_transitions(s, v, k)]
+            series, truth = offline(run)
             events = list(folder.read_events())
             logged = {k: s for k, (s, v) in series.items()}
             rows = score(truth, events, logged)
@@ -256,19 +255,25 @@ def real(configs: list[str], steps: int, out: Path) -> None:
         json.dump([{"config": c, "dense": d, "rows": r} for c, d, r, *_ in rows_all], f, indent=1, default=str)
 
 
+def offline(run: Path) -> tuple[dict, list[dict]]:
+    """A finished run folder's watched series ({key: (steps, values)}, every series but the
+    detail keys) and the transitions the offline detector finds in them."""
+    series = {k: (np.asarray(s), np.asarray(v)) for k, (s, v) in RunFolder(run).series().items() if not is_detail(k)}
+    return series, [e for k, (s, v) in series.items() for e in detect_transitions(s, v, k)]
+
+
 def replay_folder(run: Path, watcher: TransitionWatcher) -> tuple[list[dict], list[dict], dict]:
     """A finished run folder's watched series replayed look by look through `watcher`, a look at
     every validation (the steps of `val/loss`; the last one final): its events, the offline
-    transitions of the finished series, and each series' logged steps."""
-    series = {k: (np.asarray(s), np.asarray(v)) for k, (s, v) in RunFolder(run).series().items() if not is_detail(k)}
+    transitions of the finished series (`offline`), and each series' logged steps."""
+    series, truth = offline(run)
     looks = series["val/loss"][0]
     watcher.plan(int(looks[-1]))
     events = []
     for look in looks:
         cut = {k: (s[s <= look], v[s <= look]) for k, (s, v) in series.items() if (s <= look).any()}
         events += watcher.update(cut, int(look), final=look == looks[-1])
-    return (events, [e for k, (s, v) in series.items() for e in detect_transitions(s, v, k)],
-            {k: s for k, (s, v) in series.items()})
+    return events, truth, {k: s for k, (s, v) in series.items()}
 
 
 #: the departure test's bars that `frontier` tries (None: no departure test)
