@@ -13,6 +13,7 @@ runs/<name>/
   figures/<name>.png   figures (curves, tracr, trajectory)
   report.html          the self-contained report
   wandb/, wandb_id, wandb_group        the W&B run files, its id and group
+  analyze/wandb/, diff/wandb/          the W&B runs of `analyze` and `diff` (never the training run's wandb/)
   .lock                the pid of the process writing the folder
 ```
 
@@ -163,6 +164,12 @@ class RunFolder:
     diffs = property(lambda self: self.root / "diff")  # `phasewatch diff`'s tables
     head_catalogue = property(lambda self: self.root / "heads.csv")  # one row per head per step (report/heads.py)
     wandb_dir = property(lambda self: self.root / "wandb")
+
+    def side_wandb_dir(self, job_type: str) -> Path:
+        """The W&B files of a run made later from this one (`analyze`, `diff`: `job_type`), under
+        `<job_type>/wandb/`: apart from the training run's `wandb/`, so that its `latest-run` and
+        `offline-run-*` stay the training run's and `wandb sync` of them uploads that run."""
+        return self.root / job_type / "wandb"
     lock = property(lambda self: self.root / ".lock")
     _wandb_id = property(lambda self: self.root / "wandb_id")
     _wandb_group = property(lambda self: self.root / "wandb_group")

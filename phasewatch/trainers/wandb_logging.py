@@ -15,6 +15,7 @@ import os
 import secrets
 import string
 import warnings
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.loggers.logger import _DummyExperiment
@@ -45,10 +46,13 @@ def new_run_id() -> str:
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-def offline_hint(store: RunFolder) -> str:
+def offline_hint(store: RunFolder, wandb_dir: Path | None = None) -> str:
+    """The line saying where an offline run's files go (`wandb_dir`, default the training
+    run's `<run_dir>/wandb`) and how to upload them."""
     why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no login found"
-    return (f"phasewatch: W&B is offline ({why}); its files go to {store.wandb_dir}. "
-            f"Upload later with: wandb sync {store.wandb_dir}/offline-run-*")
+    wandb_dir = wandb_dir or store.wandb_dir
+    return (f"phasewatch: W&B is offline ({why}); its files go to {wandb_dir}. "
+            f"Upload later with: wandb sync {wandb_dir}/offline-run-*")
 
 
 #: the columns of the run's events table (summary key `transitions/events`); an event lacking one leaves it empty
@@ -236,16 +240,25 @@ def make_side_logger(store: RunFolder, config: dict[str, Any], job_type: str, la
     """A new W&B run beside a training run, for work done on it afterwards (`analyze`,
     `diff`): named `<run>-<label>`, of `job_type`, in the training run's project and group,
     with the training run's config plus `<job_type>` (`details` and the training run's W&B
-    id). None when W&B is disabled or the run was trained with `--no_wandb`."""
+    id). Its files go to `<run_dir>/<job_type>/wandb/` (`RunFolder.side_wandb_dir`), never the
+    training run's `wandb/`, whose `latest-run` and `offline-run-*` stay the training run's; one
+    line says where. None when W&B is disabled or the run was trained with `--no_wandb`."""
     mode = wandb_mode()
     if mode == "disabled" or config.get("wandb") is False:
         return None
     group = store.wandb_group() or os.environ.get("WANDB_RUN_GROUP")
+    wandb_dir = store.side_wandb_dir(job_type)
     if mode == "offline":
-        print(offline_hint(store))
+        print(offline_hint(store, wandb_dir))
+    else:
+        print(f"phasewatch: the W&B run of this {job_type} keeps its local files in {wandb_dir}")
+    try:
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # W&B's own attempt fails the same way, and becomes one warning (SafeWandbLogger)
     return SafeWandbLogger(
         name=f"{store.root.name}-{label}", project=config.get("wandb_project") or "phasewatch",
-        save_dir=str(store.root), id=new_run_id(), mode=mode,
+        save_dir=str(wandb_dir.parent), id=new_run_id(), mode=mode,
         config={**config, job_type: {**details, "training_run_id": store.wandb_id()}},
         job_type=job_type, group=group or None, log_model=False,
     )

@@ -42,7 +42,8 @@ def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, 
 
     added = by_step(r for r in read_jsonl(trained / "metrics.jsonl") if "grok/restricted_loss" in r)
     assert sorted(added) == sorted(int(p.name[5:12]) for p in (trained / "checkpoints").glob("step=*.ckpt"))
-    (analysis,) = set(wandb_records.offline_runs(trained)) - {training}
+    (analysis,) = wandb_records.offline_runs(trained / "analyze")
+    assert wandb_records.offline_runs(trained) == [training]  # the training run's wandb/ holds it alone
     assert wandb_records.by_step(wandb_records.history(analysis)) == added  # every value, at its step
 
     events = [e for e in read_jsonl(trained / "events.jsonl") if e["metric"].startswith("grok/")]
@@ -213,7 +214,10 @@ def test_the_analysis_run_joins_the_training_runs_group(tmp_path, monkeypatch):
     assert wandb_records.run_info(training)["group"] == "sweep-x"
     monkeypatch.delenv("WANDB_RUN_GROUP")
     assert main(["analyze", str(run), "--probes", "grokking"]) == 0
-    (analysis,) = set(wandb_records.offline_runs(run)) - {training}
+    # the analysis's W&B run is kept apart: the training run's wandb/ (what the README says to sync) is untouched
+    assert wandb_records.offline_runs(run) == [training]
+    assert (run / "wandb" / "latest-run").resolve() == training.resolve()
+    (analysis,) = wandb_records.offline_runs(run / "analyze")
     info = wandb_records.run_info(analysis)
     assert info["group"] == "sweep-x" and info["job_type"] == "analyze"
 
@@ -225,7 +229,7 @@ def test_a_run_trained_without_wandb_is_analysed_without_it(tmp_path, monkeypatc
                  "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "false", "--no_wandb",
                  "--probes.names", "[]", "--model.arch.d_model", "16", "--model.arch.d_mlp", "32"]) == 0
     assert main(["analyze", str(run), "--probes", "grokking"]) == 0
-    assert not (run / "wandb").exists()
+    assert not (run / "wandb").exists() and not (run / "analyze").exists()
     assert list(read_jsonl(run / "analyses.jsonl"))[-1]["wandb_id"] is None
 
 
@@ -236,7 +240,8 @@ def test_a_wandb_failure_does_not_stop_the_analysis(tmp_path, monkeypatch):
                  "--trainer.val_check_interval", "4", "--trainer.enable_progress_bar", "false",
                  "--probes.names", "[]", "--model.arch.d_model", "16", "--model.arch.d_mlp", "32"]) == 0
     monkeypatch.setenv("WANDB_MODE", "offline")
-    (run / "wandb").write_text("not a directory")  # W&B cannot create its folder
+    (run / "analyze").mkdir()
+    (run / "analyze" / "wandb").write_text("not a directory")  # W&B cannot create the analysis's folder
     with pytest.warns(UserWarning, match="W&B logging failed"):
         assert main(["analyze", str(run), "--probes", "grokking"]) == 0
     steps = sorted(int(p.name[5:12]) for p in (run / "checkpoints").glob("step=*.ckpt"))

@@ -39,8 +39,13 @@ def test_diff_of_two_steps_of_a_run(run, capsys, monkeypatch):
     steps = list(RunFolder(run).checkpoint_steps())
     early = steps[1]
     (training,) = wandb_records.offline_runs(run)
+    assert (run / "wandb" / "latest-run").resolve() == training.resolve()
     assert main(["diff", f"{run}@{early}", f"{run}@last"]) == 0
     out = capsys.readouterr().out
+    # the diff's W&B run is kept apart: the training run's wandb/ (what the README says to sync) is untouched
+    assert wandb_records.offline_runs(run) == [training]
+    assert (run / "wandb" / "latest-run").resolve() == training.resolve()
+    assert f"its files go to {run / 'diff' / 'wandb'}" in out
     assert f"A = run@{early}, B = run@last: held-out loss" in out
     for section in ("weights (relative", "activations (relative", "direct logit attribution", "patching B's output",
                     "inputs whose loss changed most"):
@@ -54,7 +59,7 @@ def test_diff_of_two_steps_of_a_run(run, capsys, monkeypatch):
     changes = [abs(float(r["change"])) for r in inputs]
     assert changes == sorted(changes, reverse=True) and changes[0] > 0
     # the same tables in a W&B run of its own beside the training run
-    (diffed,) = set(wandb_records.offline_runs(run)) - {training}
+    (diffed,) = wandb_records.offline_runs(run / "diff")
     info = wandb_records.run_info(diffed)
     assert info["name"] == f"run-diff-run@{early}_vs_run@last" and info["job_type"] == "diff"
     assert info["config"]["diff"]["a"] == f"{run}@{early}"
