@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from phasewatch.report.curves import save_figure
+from phasewatch.report.page import load_array
 from phasewatch.rundir import RunFolder, load_series
 
 
@@ -35,9 +36,9 @@ def _cka(folder: RunFolder, which: int) -> tuple[int, np.ndarray, list[str], lis
     if not files:
         return None
     step, f = files[which]
-    matrix = np.load(f)
+    matrix = load_array(f)
     labels = dict(folder.array_files("tracr", "cka_labels"))
-    names = [str(x) for x in np.load(labels[step]).tolist()] if step in labels else []
+    names = [str(x) for x in load_array(labels[step]).tolist()] if step in labels else []
     rows, cols = (names[:matrix.shape[0]], names[matrix.shape[0]:]) if len(names) == sum(matrix.shape) else ([], [])
     return step, matrix, rows, [c.removeprefix("compiled ") for c in cols]
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from phasewatch.models import head_label
+from phasewatch.report.page import load_array
 from phasewatch.rundir import RunFolder, is_number, write_csv
 
 HEAD = re.compile(r"L(\d+)H(\d+)")
@@ -72,7 +73,7 @@ def head_catalogue(folder: RunFolder) -> tuple[list[str], list[dict[str, Any]]]:
         for head, values in scores.items():
             by_step.setdefault(int(record["step"]), {}).setdefault(head, {}).update(values)
     for step, path in folder.array_files("tracr", "attn_match"):
-        match = np.load(path, allow_pickle=False)
+        match = load_array(path)
         if match.ndim != 3 or not match.size:
             continue
         best = np.nanmax(np.where(np.isfinite(match), match, -np.inf), axis=0)

@@ -11,7 +11,9 @@ Heatmap axes name what they index: heads (`L0H1`) for arrays shaped by the run's
 layer by head), else the names a probe saves beside the array (`<key>_labels`); pointing at a
 cell shows its names and value. The checkpoint trajectory figure is shown when the run folder
 has one (`phasewatch report` draws it first: trainers/trajectory.py). The data are embedded as
-JSON and drawn by a small script on <canvas>; nothing is fetched. Opening it as
+JSON and drawn by a small script on <canvas>; nothing is fetched. Every string from the run
+folder (metric keys, event fields, labels, names) is shown as text, never read as markup, and
+the page's Content-Security-Policy runs its own script only (report/page.py). Opening it as
 `report.html#checkpoint=K` puts every slider at checkpoint K. `live=True` adds a meta refresh,
 for the copy a running training rewrites.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import base64
 import html
-import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,7 @@ from phasewatch.probes.keys import is_detail
 from phasewatch.probes.transitions import detect_all, lead_lag
 from phasewatch.report.curves import panel_layout
 from phasewatch.report.heads import catalogue_array, head_catalogue, write_head_catalogue
+from phasewatch.report.page import load_array, policy, script_json
 from phasewatch.rundir import RunFolder, load_series, read_csv
 
 REFRESH_SECONDS = 30
@@ -46,7 +49,7 @@ def _arrays(folder: RunFolder) -> dict[str, dict]:
     for probe, key in folder.array_keys():
         mats, steps, shape = [], [], None
         for step, f in folder.array_files(probe, key):
-            a = np.load(f, allow_pickle=False)
+            a = load_array(f)
             if a.dtype.kind not in "fiu" or a.ndim not in (1, 2, 3, 4) or a.size == 0:
                 break
             shape = a.shape
@@ -100,7 +103,7 @@ def _labels(folder: RunFolder, probe: str, key: str, matrix: list) -> dict:
     files = folder.array_files(probe, f"{key}_labels")
     if not files:
         return {}
-    names = [str(x) for x in np.load(files[-1][1], allow_pickle=False).tolist()]
+    names = [str(x) for x in load_array(files[-1][1]).tolist()]
     rows, cols = len(matrix), len(matrix[0])
     return {"rows": names[:rows], "cols": names[rows:rows + cols]} if len(names) == rows + cols else {}
 
@@ -125,13 +128,16 @@ def build_report(run_dir: str | Path, live: bool = False,
         "interventions": folder.read_interventions(),
         "diffs": _diffs(folder),
     }
-    data = json.dumps(payload, allow_nan=False, default=float).replace("</", "<\\/")
+    data = script_json(payload)
     trajectory = folder.figure("trajectory")
     figure = (f'<h2>Checkpoint trajectory</h2><img alt="PCA paths of the checkpoints (phasewatch trajectory)" '
               f'style="max-width:100%" src="data:image/png;base64,{base64.b64encode(trajectory.read_bytes()).decode()}">'
               if trajectory.exists() else "")
     refresh = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if live else ""
-    return TEMPLATE.replace("%REFRESH%", refresh).replace("%TITLE%", html.escape(folder.root.name)).replace("%TRAJECTORY%", figure).replace("%DATA%", data)
+    fields = {"POLICY": policy(SCRIPT), "REFRESH": refresh, "TITLE": html.escape(folder.root.name),
+              "TRAJECTORY": figure, "DATA": data, "SCRIPT": SCRIPT}
+    # in one pass: a run named "%DATA%" stays its name
+    return re.sub(r"%(POLICY|REFRESH|TITLE|TRAJECTORY|DATA|SCRIPT)%", lambda m: fields[m.group(1)], TEMPLATE)
 
 
 #: the diff columns the report shows (all are in diff/<name>.csv)
@@ -169,7 +175,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, live: bool 
 
 
 TEMPLATE = r"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">%REFRESH%
+<html lang="en"><head><meta charset="utf-8">
+%POLICY%%REFRESH%
 <title>phasewatch: %TITLE%</title>
 <style>
 body{font-family:system-ui,sans-serif;margin:16px;color:#222;background:#fafafa}
@@ -186,12 +193,23 @@ td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left} .note{color:
 %TRAJECTORY%
 <div id="diffs"></div>
 <script id="data" type="application/json">%DATA%</script>
-<script>
+<script>%SCRIPT%</script></body></html>
+"""
+
+#: the page's one script (its SHA-256 is in the page's policy): it shows every string with
+#: textContent or on a canvas, never as markup
+SCRIPT = r"""
 "use strict";
 const D = JSON.parse(document.getElementById("data").textContent);
 const COLORS = ["#1f77b4","#ff7f0e","#2ca02c","#d62728","#9467bd","#8c564b","#e377c2","#7f7f7f","#bcbd22","#17becf"];
 const W = 560, H = 220, M = {l: 52, r: 10, t: 10, b: 26};
 function el(tag, attrs, parent) { const e = document.createElement(tag); Object.assign(e, attrs || {}); if (parent) parent.appendChild(e); return e; }
+function table(parent, headers, rows) {  // every cell is text (a run folder's strings are never markup)
+  const t = el("table", {}, parent), head = el("tr", {}, t);
+  for (const h of headers) el("th", {textContent: h}, head);
+  for (const r of rows) { const tr = el("tr", {}, t); for (const v of r) el("td", {textContent: v ?? ""}, tr); }
+  return t;
+}
 function extent(a) { let lo = Infinity, hi = -Infinity; for (const v of a) { if (v < lo) lo = v; if (v > hi) hi = v; } return [lo, hi]; }
 function drawPanel(panel) {
   const box = el("div", {className: "panel"}, document.getElementById("panels"));
@@ -236,14 +254,12 @@ function drawPanel(panel) {
 function drawEvents() {
   const box = document.getElementById("events");
   if (!D.events.length) { box.textContent = "No transitions detected."; return; }
-  const t = el("table", {}, box);
-  t.innerHTML = "<tr><th>metric</th><th>direction</th><th>onset</th><th>midpoint</th><th>end</th><th>magnitude</th><th>detected at</th></tr>" +
-    D.events.map(e => `<tr><td>${e.metric}</td><td>${e.direction}</td><td>${e.onset}</td><td>${e.midpoint}</td><td>${e.end}</td><td>${(+e.magnitude).toPrecision(3)}</td><td>${e.detected_at ?? ""}</td></tr>`).join("");
+  table(box, ["metric", "direction", "onset", "midpoint", "end", "magnitude", "detected at"],
+    D.events.map(e => [e.metric, e.direction, e.onset, e.midpoint, e.end, (+e.magnitude).toPrecision(3), e.detected_at]));
   if (D.leadlag.length) {
     el("h2", {textContent: "Lead/lag against val/loss (positive: earlier)"}, box);
-    const l = el("table", {}, box);
-    l.innerHTML = "<tr><th>val/loss transition (midpoint)</th><th>metric</th><th>direction</th><th>midpoint</th><th>leads by (steps)</th></tr>" +
-      D.leadlag.map(r => `<tr><td>${r.reference_direction} (${r.reference_midpoint})</td><td>${r.metric}</td><td>${r.direction}</td><td>${r.midpoint}</td><td>${r.lead}</td></tr>`).join("");
+    table(box, ["val/loss transition (midpoint)", "metric", "direction", "midpoint", "leads by (steps)"],
+      D.leadlag.map(r => [`${r.reference_direction} (${r.reference_midpoint})`, r.metric, r.direction, r.midpoint, r.lead]));
   }
 }
 function heatColor(v, lo, hi) {
@@ -340,11 +356,8 @@ function drawDiffs() {  // phasewatch diff's tables: each column shaded by its l
         if (v !== null) td.style.background = `rgba(${v < 0 ? "31,119,180" : "214,39,40"},${(0.45 * Math.abs(v) / top[c]).toFixed(3)})`;
       }
     }
-    if (d.inputs.length) {
-      const i = el("table", {}, box);
-      i.innerHTML = "<tr><th>input whose loss changed most</th><th>loss A</th><th>loss B</th></tr>" + d.inputs.map(
-        e => `<tr><td>${e.tokens}</td><td>${(+e.loss_a).toPrecision(3)}</td><td>${(+e.loss_b).toPrecision(3)}</td></tr>`).join("");
-    }
+    if (d.inputs.length) table(box, ["input whose loss changed most", "loss A", "loss B"],
+      d.inputs.map(e => [e.tokens, (+e.loss_a).toPrecision(3), (+e.loss_b).toPrecision(3)]));
   }
 }
 D.panels.forEach(drawPanel); drawEvents(); drawDiffs();
@@ -355,5 +368,4 @@ names.forEach(n => drawArray(n, D.arrays[n]));
 const wanted = /checkpoint=(\d+)/.exec(location.hash);
 if (wanted) document.querySelectorAll("input[type=range]").forEach(s => {
   s.value = Math.min(+wanted[1], +s.max); s.dispatchEvent(new Event("input")); });
-</script></body></html>
 """

@@ -5,7 +5,10 @@ a link to every member's own report.
     phasewatch report runs/<population>      # runs/<population>/report.html
 
 `fit` writes it when a population ends. The page is self-contained (figures embedded as
-PNG). It reads the members' run folders only (rundir/), like every report.
+PNG) and has no script: its Content-Security-Policy runs none (report/page.py), and every
+string from the members' folders (names, config values) is escaped text; a member's link is
+a relative path, whatever the member is called. It reads the members' run folders only
+(rundir/), like every report.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
+from urllib.parse import quote
 
 from phasewatch.probes.keys import headline_keys
 from phasewatch.report.compare import STATISTICS, compare_runs, plot_distributions
 from phasewatch.report.curves import save_figure
+from phasewatch.report.page import policy
 from phasewatch.rundir import RunFolder, Series, SweepFolder, run_folders, write_atomic, write_csv
 
 
@@ -71,6 +76,13 @@ def _image(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">'
 
 
+def _link(path: Path) -> str:
+    """A relative link to `path`, whatever its folders are called: every character but letters,
+    digits, `_.-~` and the slashes is percent-encoded, so no `:` can make it a scheme
+    (`javascript:...`) and no `?` or `#` can end its path."""
+    return quote(path.as_posix())
+
+
 def write_population_report(root: str | Path, out: str | Path | None = None) -> Path:
     """Write the population's report (and its figures and compare.csv); its path.
     FileNotFoundError when `root` holds no member runs."""
@@ -93,11 +105,11 @@ def write_population_report(root: str | Path, out: str | Path | None = None) -> 
             f"<td>{stats[s][c]:.0f}</td>" if stats.get(s, {}).get(c) is not None else "<td></td>" for s in STATISTICS)
         + "</tr>" for c in transitions)
     links = "".join(
-        f'<li><a href="{html.escape(m.report.relative_to(root).as_posix())}">{html.escape(m.root.name)}</a>'
+        f'<li><a href="{html.escape(_link(m.report.relative_to(root)))}">{html.escape(m.root.name)}</a>'
         f" (seed {html.escape(str((m.read_config() if m.config.exists() else {}).get('seed_everything', '?')))})</li>"
         for m in members)
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(root.name)}: population of {len(members)}</title>
+<html><head><meta charset="utf-8">{policy()}<title>{html.escape(root.name)}: population of {len(members)}</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1300px}} img{{max-width:100%}}
 table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}
 td:first-child{{text-align:left}}</style></head>

@@ -146,19 +146,19 @@ def test_the_population_report_overlays_the_members(tmp_path, chromium):
     import json
     import re
 
-    from .test_report import blue_pixels, open_page
+    from .test_report import blue_pixels, open_page, run_own_scripts
 
     pop = tmp_path / "pop"
     assert main(["fit", *TASKS["modular_addition"], *ARGS, "--trainer.max_steps", "24", "--run_dir", str(pop),
                  "--population.seeds", "0-2", "--probes.names", "[grokking]"]) == 0
     page = pop / "report.html"
     probe = tmp_path / "probe.html"
-    probe.write_text(page.read_text().replace("</body>", """<pre id="seen"></pre><script>
+    probe.write_text(run_own_scripts(page.read_text().replace("</body>", """<pre id="seen"></pre><script>
 window.addEventListener("load", () => { document.getElementById("seen").textContent = JSON.stringify({
   images: [...document.images].map(i => [i.alt, i.naturalWidth]),
   links: [...document.querySelectorAll("#members a")].map(a => a.getAttribute("href")),
   rows: [...document.querySelectorAll("#distribution tr")].slice(1).map(r => [...r.cells].map(c => c.textContent))});
-});</script></body>"""))
+});</script></body>""")))
     console, dom = open_page(chromium, probe, tmp_path)
     assert not [line for line in console if "rror" in line], console
     seen = json.loads(html.unescape(re.search(r'<pre id="seen">(.*?)</pre>', dom, re.S).group(1)))

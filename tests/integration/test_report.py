@@ -6,7 +6,9 @@ the test's own, one before the page's script that records what each canvas draws
 where, since its last clear), one after it that, once the page has loaded, reads each heatmap
 (the step it says it shows, its drawn labels, the colour of the pixel where a column label
 and a row label meet, what pointing there shows) before and after moving its slider to the
-last checkpoint, and writes all that into the DOM, which `chromium --dump-dom` prints.
+last checkpoint, and writes all that into the DOM, which `chromium --dump-dom` prints. The
+page's Content-Security-Policy runs only the scripts it names by hash, so a changed copy names
+its own (`run_own_scripts`).
 """
 
 import csv
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from phasewatch.report.page import script_hash
 from phasewatch.rundir import RunFolder
 from phasewatch.trainers.cli import main
 
@@ -66,6 +69,16 @@ window.addEventListener("load", () => {
 </script>"""
 
 
+def run_own_scripts(text):
+    """A changed copy of a page whose policy runs its scripts as they now are (the test's own
+    among them): every inline script's hash in place of the page's."""
+    sources = "script-src " + " ".join(script_hash(s) for s in re.findall(r"<script>(.*?)</script>", text, re.S))
+    if "script-src " in text:
+        return re.sub(r"script-src [^;\"]*", lambda m: sources, text, count=1)
+    assert "default-src 'none'" in text, "the page has no Content-Security-Policy"
+    return text.replace("default-src 'none'", f"default-src 'none'; {sources}", 1)  # a page without scripts
+
+
 def open_page(chromium, page, tmp_path, fragment=""):
     """(console lines, the page's DOM after load) from headless Chromium."""
     proc = subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
@@ -79,7 +92,8 @@ def what_the_page_shows(chromium, report, tmp_path, fragment=""):
     [view as opened, view at the last checkpoint]}, "trajectory": [[alt, width] per image]}."""
     page = tmp_path / "read.html"
     text = report.read_text()
-    page.write_text(text.replace("</title>", "</title>" + RECORD, 1).replace("</body>", READ + "</body>", 1))
+    page.write_text(run_own_scripts(text.replace("</title>", "</title>" + RECORD, 1)
+                                    .replace("</body>", READ + "</body>", 1)))
     console, dom = open_page(chromium, page, tmp_path, fragment)
     assert not [line for line in console if "rror" in line or "Uncaught" in line], console
     match = re.search(r'<pre id="seen">(.*?)</pre>', dom, re.S)
@@ -131,7 +145,8 @@ def test_report_renders_without_console_errors(report, tmp_path, chromium):
 
     # the check above can fail: a broken copy of the page logs an error
     broken = tmp_path / "broken.html"
-    broken.write_text(report.read_text().replace("D.panels.forEach(drawPanel)", "D.panels.forEach(drawPanl)"))
+    broken.write_text(run_own_scripts(report.read_text().replace("D.panels.forEach(drawPanel)",
+                                                                 "D.panels.forEach(drawPanl)")))
     console = screenshot(chromium, broken, tmp_path / "broken.png", tmp_path)
     assert any("drawPanl" in line for line in console)
 
