@@ -159,7 +159,7 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from phasewatch.report.curves import save_figure
+    from phasewatch.report.curves import plain, save_figure
 
     rows = [r for r in rows if r.get("run") not in STATISTICS]  # the runs themselves, not the summary rows
     transitions = [c for c in columns if c.endswith((" up", " down"))][:max_panels]
@@ -183,19 +183,19 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
             members = [r for r in rows if colour_key is None or r.get(colour_key) == group]
             xs = [_position(r.get(x_key), x_values, numeric) for r in members if r.get(column) is not None]
             ys = [r[column] for r in members if r.get(column) is not None]
-            label = f"{colour_key}={group}" if colour_key else None
+            label = plain(f"{colour_key}={group}") if colour_key else None
             ax.scatter(xs, ys, s=22, color=f"C{g}", alpha=0.75, label=label)
             means = [(x, sum(y for xx, y in zip(xs, ys) if xx == x) / xs.count(x)) for x in sorted(set(xs))]
             if len(means) > 1:
                 ax.plot(*zip(*means), color=f"C{g}", lw=1.2)
         missing = sum(r.get(column) is None for r in rows)
-        ax.set_title(column + (f"  ({missing} runs without)" if missing else ""), fontsize=9)
-        ax.set_xlabel(x_key)
+        ax.set_title(plain(column) + (f"  ({missing} runs without)" if missing else ""), fontsize=9)
+        ax.set_xlabel(plain(x_key))
         ax.set_ylabel("transition midpoint (step)")
         if numeric and len(x_values) > 1 and min(x_values) > 0 and max(x_values) / min(x_values) >= 10:
             ax.set_xscale("log")
         if not numeric:
-            ax.set_xticks(range(len(x_values)), [str(v) for v in x_values], rotation=30, fontsize=7)
+            ax.set_xticks(range(len(x_values)), [plain(v) for v in x_values], rotation=30, fontsize=7)
         ax.grid(alpha=0.3)
         if colour_key and ax is axes.flat[0]:
             ax.legend(fontsize=7)
@@ -218,7 +218,7 @@ def plot_distributions(transitions: list[str], rows: list[dict[str, Any]], path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from phasewatch.report.curves import save_figure
+    from phasewatch.report.curves import plain, save_figure
 
     n = max(1, len(transitions))
     fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 0.6, 3.8), squeeze=False)
@@ -229,9 +229,9 @@ def plot_distributions(transitions: list[str], rows: list[dict[str, Any]], path:
             ax.boxplot([steps], positions=[0], widths=0.5, whis=(0, 100), showfliers=False)
             ax.scatter(0.45 + jitter.uniform(-0.08, 0.08, len(steps)), steps, s=16, alpha=0.7, color="C0")
             q25, median, q75 = np.percentile(steps, [25, 50, 75])
-            ax.set_title(f"{column}\nmedian {median:.0f}, IQR {q25:.0f}-{q75:.0f}", fontsize=8)
+            ax.set_title(f"{plain(column)}\nmedian {median:.0f}, IQR {q25:.0f}-{q75:.0f}", fontsize=8)
         else:
-            ax.set_title(f"{column}\nnot detected", fontsize=8)
+            ax.set_title(f"{plain(column)}\nnot detected", fontsize=8)
         missing = len(rows) - len(steps)
         ax.set_xticks([0.2], [f"{len(steps)} runs" + (f" ({missing} without)" if missing else "")], fontsize=7)
         ax.set_xlim(-0.5, 0.8)

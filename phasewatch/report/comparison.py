@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phasewatch.report.curves import save_figure
+from phasewatch.report.curves import plain, save_figure
 from phasewatch.report.page import load_array
 from phasewatch.rundir import RunFolder, load_series
 
@@ -40,7 +40,7 @@ def _cka(folder: RunFolder, which: int) -> tuple[int, np.ndarray, list[str], lis
     labels = dict(folder.array_files("tracr", "cka_labels"))
     names = [str(x) for x in load_array(labels[step]).tolist()] if step in labels else []
     rows, cols = (names[:matrix.shape[0]], names[matrix.shape[0]:]) if len(names) == sum(matrix.shape) else ([], [])
-    return step, matrix, rows, [c.removeprefix("compiled ") for c in cols]
+    return step, matrix, [plain(r) for r in rows], [plain(c.removeprefix("compiled ")) for c in cols]
 
 
 def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path | None:
@@ -82,14 +82,15 @@ def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path 
     for i, (name, group) in enumerate(sorted(probes.items())):
         steps = group[0][0]
         best = np.max([v for _, v in group], axis=0)
-        ax.plot([max(s, 1) for s in steps], best, color=f"C{i}", label=name, lw=1.6)
+        ax.plot([max(s, 1) for s in steps], best, color=f"C{i}", label=plain(name), lw=1.6)
         if baselines.get(name):
             ax.axhline(np.max([v[-1] for _, v in baselines[name]]), color=f"C{i}", ls=":", lw=1.2)
     ax.set_title("variable probes: best site (dotted: on the step-0 weights)", loc="left", fontsize=10)
 
     ax = axes[1, 0]
     for i, (component, series) in enumerate(sorted(_by(r"ablation/([^/]+)/acc", data).items())):
-        curve(ax, series, label=component, lw=1.8 if "." in component else 1.0, ls="-" if "." in component else "--")
+        curve(ax, series, label=plain(component), lw=1.8 if "." in component else 1.0,
+              ls="-" if "." in component else "--")
     ax.set_title("accuracy with one component mean-ablated", loc="left", fontsize=10)
 
     for ax in (axes[0, 0], axes[0, 1], axes[0, 2], axes[1, 0]):
@@ -115,5 +116,5 @@ def plot_comparison(run_dir: str | Path, out: str | Path | None = None) -> Path 
         for (r, c), v in np.ndenumerate(matrix):
             ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
         fig.colorbar(image, ax=ax, fraction=0.04)
-    fig.suptitle(f"{folder.root.name}: learned vs compiled", fontsize=11)
+    fig.suptitle(f"{plain(folder.root.name)}: learned vs compiled", fontsize=11)
     return save_figure(fig, out or folder.figure("tracr"))

@@ -41,6 +41,13 @@ def _natural(key: str):
     return (key.rsplit("/", 1)[0], int(tail) if tail.isdigit() else 0, key)
 
 
+def plain(text: object) -> str:
+    """`text` (a metric key, a folder's name, a config value: strings from a run folder) as a
+    figure shows it: literally, its dollar signs never read as mathtext (`$\\foo$` would be
+    typeset, or end the drawing with a parse error)."""
+    return str(text).replace("$", r"\$")
+
+
 def save_figure(fig, out: str | Path, dpi: int = 110) -> Path:
     """Lay out, write (making the folder) and close a matplotlib figure; its path."""
     import matplotlib.pyplot as plt
@@ -72,13 +79,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             steps, values = data[key]
             pairs = [(max(s, 1), v) for s, v in zip(steps, values) if yscale != "log" or v > 0]
             if pairs:
-                ax.plot(*zip(*pairs), label=key, lw=1.4)
+                ax.plot(*zip(*pairs), label=plain(key), lw=1.4)
         ax.set_xscale("log")
         ax.set_yscale(yscale)
-        ax.set_title(title, loc="left", fontsize=10)
+        ax.set_title(plain(title), loc="left", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         if keys:
             ax.legend(fontsize=8, loc="best")
     axes[-1, 0].set_xlabel("step (log scale)")
-    fig.suptitle(folder.root.name, fontsize=11)
+    fig.suptitle(plain(folder.root.name), fontsize=11)
     return save_figure(fig, out or folder.figure("curves"))

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from phasewatch.probes.keys import headline_keys
 from phasewatch.report.compare import STATISTICS, compare_runs, plot_distributions
-from phasewatch.report.curves import save_figure
+from phasewatch.report.curves import plain, save_figure
 from phasewatch.report.page import policy
 from phasewatch.rundir import RunFolder, Series, SweepFolder, run_folders, write_atomic, write_csv
 
@@ -53,7 +53,7 @@ def plot_members(root: str | Path, members: list[RunFolder], series: list[Series
             steps, values = s[key]
             ax.plot([max(x, 1) for x in steps], values, lw=1.0, alpha=1.0 if len(members) <= 10 else 0.5,
                     color=f"C{i % 10}",
-                    label=member.root.name if len(members) <= 10 else None)
+                    label=plain(member.root.name) if len(members) <= 10 else None)
             for e in evs:
                 if e["metric"] == key and e["midpoint"] in steps:
                     ax.plot(max(e["midpoint"], 1), values[steps.index(e["midpoint"])], "o", ms=3.5,
@@ -62,13 +62,14 @@ def plot_members(root: str | Path, members: list[RunFolder], series: list[Series
         values = [v for s in series if key in s for v in s[key][1] if v is not None and v > 0]
         if key.endswith("/loss") and values and max(values) > 10 * min(values):  # losses that fall by decades
             ax.set_yscale("log")
-        ax.set_title(key, loc="left", fontsize=9)
+        ax.set_title(plain(key), loc="left", fontsize=9)
         ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(keys):]:
         ax.set_visible(False)
     if len(members) <= 10 and keys:
         axes.flat[0].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"{Path(root).name}: {len(members)} members (dots: confirmed transitions' midpoints)", fontsize=10)
+    fig.suptitle(f"{plain(Path(root).name)}: {len(members)} members (dots: confirmed transitions' midpoints)",
+                 fontsize=10)
     return save_figure(fig, out)
 
 

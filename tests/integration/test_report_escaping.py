@@ -12,7 +12,8 @@ payload ran (each would mark the document), and each string is there as text, wh
 
 The pages also carry a Content-Security-Policy that runs only their own script: markup slipped
 into a copy of a page does not run. And a run folder whose arrays hold pickled objects gives one
-line naming the file, never a traceback, and the pickle is never loaded.
+line naming the file, never a traceback, and the pickle is never loaded. The figures (PNG) show
+the same strings literally: a `$...$` in a key, a folder's name or a config value is not mathtext.
 """
 
 import html
@@ -31,6 +32,7 @@ import pytest
 from phasewatch.report.html import write_report
 from phasewatch.report.population import write_population_report
 from phasewatch.rundir import RunFolder, append_jsonl, write_csv
+from phasewatch.trainers.cli import main
 
 from .test_fit import TASKS, fit
 from .test_report import open_page
@@ -61,6 +63,9 @@ LABELS = [payload("row label"), payload("column label 0"), payload("column label
 INTERVENTION = payload("intervention")
 COMPONENT, TOKENS, DIFF_NAME = payload("diff component"), payload("diff input"), payload("diff name")
 SEED = payload("config value")
+#: mathtext matplotlib cannot typeset: drawn as mathtext, it ends the figure with a parse error
+MATH = r"$\undefinedcmd{x}$"
+KEY_MATH = "plugin/" + MATH
 
 
 class Texts(HTMLParser):
@@ -120,7 +125,7 @@ def hostile_run(tmp_path_factory):
     folder = RunFolder(run)
     for step in (2, 4, 8, 12):
         append_jsonl(folder.metrics, {"step": step, KEY: 1.0 / step, KEY_SCRIPT: 0.5, KEY_BREAKOUT: step / 10,
-                                      HEAD_KEY: step / 12})
+                                      HEAD_KEY: step / 12, KEY_MATH: step / 2})
     events = [{"metric": "val/loss", "direction": REFERENCE_DIRECTION, "onset": 4, "midpoint": 6, "end": 8,
                "magnitude": -1.0},
               {"metric": EVENT_METRIC, "direction": DIRECTION, "onset": 2, "midpoint": 4, "end": 8,
@@ -233,3 +238,26 @@ def test_pickled_arrays_are_one_line_and_never_loaded(hostile_run, tmp_path):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert lines[0].startswith("phasewatch: error: ") and str(bad) in lines[0] and "pickle" in lines[0]
     assert not marker.exists()
+
+
+def test_figures_show_strings_literally(hostile_run, tmp_path):
+    """`$...$` in a metric key, a run's or a member's name, or a config value is drawn as it is
+    in every figure: the run's curves (`phasewatch report`), the population's members and the
+    cross-run comparison (`phasewatch compare`)."""
+    run = tmp_path / f"run {MATH}"
+    shutil.copytree(hostile_run, run)
+    assert main(["report", str(run)]) == 0
+    assert (run / "figures" / "curves.png").stat().st_size > 10_000
+
+    pop = tmp_path / "population"
+    for name in (f"m00 {MATH}", "m01"):
+        shutil.copytree(hostile_run, pop / name)
+    write_population_report(pop)
+    assert (pop / "figures" / "members.png").exists()
+
+    other = tmp_path / "other"
+    shutil.copytree(hostile_run, other)
+    config = RunFolder(other).config
+    config.write_text(config.read_text().replace("max_steps: 12", f"max_steps: {json.dumps(MATH)}", 1))
+    assert main(["compare", str(run), str(other), "--out", str(tmp_path / "compare")]) == 0
+    assert (tmp_path / "compare.png").exists()
