@@ -54,7 +54,9 @@ from phasewatch.tasks.base import ConfigError
 
 #: the sweep parameter that a population varies (packing)
 SEED = "seed_everything"
-INSTALL_HINT = "pip install --no-deps sweeps==0.3.0 (its numpy<2 pin is too strict; it runs on numpy 2)"
+#: the one install line that works, from the repository root: the engine's requirements (pyproject.toml's
+#: `sweep` extra), then the engine without its own, whose numpy<2 pin clashes with jax and torch
+INSTALL_HINT = 'pip install -e ".[sweep]" && pip install --no-deps sweeps==0.3.0'
 
 
 def load_sweep_file(path: str | os.PathLike) -> dict[str, Any]:
@@ -363,9 +365,17 @@ def _sweeps():
         with warnings.catch_warnings():  # pydantic's notice about the package's v1-style config
             warnings.simplefilter("ignore", UserWarning)
             import sweeps
-    except ImportError as err:
-        raise ConfigError("sweep", "W&B's sweep engine (the `sweeps` package) is not installed",
-                          f"Install it: {INSTALL_HINT}.") from err
+    except ImportError as err:  # the engine itself, or one of its requirements (`--no-deps` installs none)
+        missing = err.name or ""
+        if missing == "sweeps" or missing.startswith("sweeps."):
+            problem = "W&B's sweep engine (the `sweeps` package) is not installed"
+        elif isinstance(err, ModuleNotFoundError) and missing:
+            problem = f"W&B's sweep engine (the `sweeps` package) cannot start: it needs the module {missing!r}, " \
+                      "which is not installed"
+        else:
+            problem = f"W&B's sweep engine (the `sweeps` package) cannot start: {err}"
+        raise ConfigError("sweep", problem,
+                          f"Install it with its requirements, from the repository root: {INSTALL_HINT}") from err
     return sweeps
 
 

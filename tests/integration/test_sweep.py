@@ -220,6 +220,36 @@ def test_without_the_sweep_engine_the_error_says_how_to_install_it(monkeypatch, 
     assert "pip install --no-deps sweeps==0.3.0" in capsys.readouterr().err
 
 
+#: `python -c` that runs phasewatch in an environment lacking a module (argv[1]): what `pip install
+#: --no-deps sweeps==0.3.0` leaves when the `sweep` extra's requirements were not installed
+WITHOUT_MODULE = """
+import sys
+missing = sys.argv.pop(1)
+
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name == missing or name.startswith(missing + "."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Missing())
+sys.argv[0] = "phasewatch"
+from phasewatch.trainers.cli import console_main
+console_main()
+"""
+
+
+def test_a_missing_requirement_of_the_sweep_engine_is_named_with_the_install_line_that_works():
+    """The engine installed without its requirements (`--no-deps`, as its numpy pin asks): the
+    error names the missing module and gives the one line that installs both, not 'not installed'."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_MODULE, "jsonschema", "sweep", str(SWEEP_FILES[0]), "--dry-run"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("phasewatch: error: sweep: ") and "'jsonschema'" in line and "not installed" in line
+    assert "the `sweeps` package) is not installed" not in line  # the engine is there; its requirement is not
+    assert line.endswith('pip install -e ".[sweep]" && pip install --no-deps sweeps==0.3.0')
+
+
 def test_an_empty_wandb_mode_variable_means_unset(tmp_path, monkeypatch):
     from phasewatch.rundir import RunFolder
     from phasewatch.trainers.wandb_logging import make_wandb_logger
