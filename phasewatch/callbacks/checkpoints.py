@@ -3,8 +3,9 @@
 `step=<N>.ckpt` holds the state after N optimizer steps (step 0: the initial weights).
 By default the schedule is the probes' (`ProbeRunner`'s shared schedule): post-hoc analysis sees the steps that the live probes saw. While the transition
 watcher has an onset pending (adaptive resolution, callbacks/transitions.py), a checkpoint is
-also kept at each step of its dense grid. `last.ckpt` is refreshed every `last_every` steps and at the
-end, so a killed run loses at most that many steps. At a step where validation runs, the save waits until validation
+also kept at each step of its dense grid. `last.ckpt` is refreshed every `last_every` steps, at the
+end, and at the step where SIGTERM arrived (Lightning then stops the run after that step), so a
+killed run loses at most that many steps and a terminated one none. At a step where validation runs, the save waits until validation
 has logged, so the checkpoint includes it. Every file is written under a temporary name
 and renamed into place: a crash never leaves a half-written checkpoint under a real name,
 and a full disk stops the run with one line (DiskFull) and no temporary file left.
@@ -118,7 +119,7 @@ class ScheduledCheckpoints(Checkpoint):
         step = trainer.global_step
         if step in self._steps or dense_now(trainer):
             self._save(trainer, checkpoint_name(step), copy_to_last=True)
-        elif step % self.last_every == 0:
+        elif step % self.last_every == 0 or getattr(trainer, "received_sigterm", False):
             self._save(trainer, LAST_CHECKPOINT)
 
     @staticmethod

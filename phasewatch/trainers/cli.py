@@ -36,25 +36,47 @@ phasewatch fit --help lists every configuration flag.
 """
 
 
-def _lightning_cli(argv: list[str]) -> None:
-    from phasewatch.trainers.lightning_cli import run_lightning_cli
+def _lightning_cli(argv: list[str]) -> int:
+    """`fit` or `validate`; its exit status. A fit stopped by SIGTERM or Ctrl-C still gets
+    what a finished one would (its report and trajectory, from what was written; last.ckpt
+    at the step SIGTERM stopped it) and ends with one line saying where it stopped and how to
+    resume it, with the status a shell gives a command killed by that signal (143, 130)."""
+    from phasewatch.trainers.lightning_cli import Interrupted, run_lightning_cli
 
-    store = run_lightning_cli(argv)
+    try:
+        store = run_lightning_cli(argv)
+    except Interrupted as stop:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores Ctrl-C after the first
+        try:
+            _finish_fit(stop.store, interrupted=True)
+        except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the line below matters more
+            print(f"phasewatch: the report of the interrupted run was not written ({err!r})", file=sys.stderr)
+        print(f"phasewatch: {stop.line()}", file=sys.stderr)
+        return stop.status
     if store is not None:
-        from phasewatch.rundir import run_folders
-
-        # a population's folder holds its members' runs (trainers/population.py)
-        for run in [store] if store.metrics.exists() else run_folders(store.root):
-            _draw_trajectory(run)
-        if not store.metrics.exists() and run_folders(store.root):
-            from phasewatch.report.population import write_population_report
-
-            print(f"phasewatch: population report {write_population_report(store.root)}")
+        _finish_fit(store)
+    return 0
 
 
-def _draw_trajectory(store) -> None:
+def _finish_fit(store, interrupted: bool = False) -> None:
+    """The figures and reports drawn once a fit has ended: each run's trajectory and report,
+    and a population's report (a population's folder holds its members' runs)."""
+    from phasewatch.rundir import run_folders
+
+    for run in [store] if store.metrics.exists() else run_folders(store.root):
+        _draw_trajectory(run, always=interrupted)
+    if not store.metrics.exists() and run_folders(store.root):
+        from phasewatch.report.population import write_population_report
+
+        print(f"phasewatch: population report {write_population_report(store.root)}")
+
+
+def _draw_trajectory(store, always: bool = False) -> None:
     """The run's trajectory through its checkpoints (trainers/trajectory.py), drawn once a
-    fit has ended, and the run's report written again with it."""
+    fit has ended, and the run's report written again with it (`always`: whether drawn or not,
+    e.g. after an interrupted fit, whose last report was a live one)."""
     from phasewatch.report.html import write_report
     from phasewatch.tasks.base import ConfigError
     from phasewatch.trainers.trajectory import current_trajectory
@@ -63,8 +85,8 @@ def _draw_trajectory(store) -> None:
         drawn = current_trajectory(store.root)
     except ConfigError as err:  # e.g. a config naming classes that may not be rebuilt
         print(f"phasewatch: no checkpoint trajectory: {err}", file=sys.stderr)
-        return
-    if drawn is not None and store.report.exists():
+        drawn = None
+    if (drawn is not None and store.report.exists()) or (always and store.metrics.exists()):
         write_report(store.root)
 
 
@@ -348,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if argv[0] in ("fit", "validate"):
-            _lightning_cli(argv)
+            return _lightning_cli(argv)
         elif argv[0] == "tasks":
             list_tasks()
         elif argv[0] in COMMANDS:
@@ -360,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"phasewatch: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a fit's training loop (fit's own: _lightning_cli)
+        print("phasewatch: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import yaml
 from jsonargparse import ActionYesNo, ArgumentError, Namespace
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
 from phasewatch.callbacks.loggers import RunFolderLogger
@@ -236,6 +238,56 @@ class PhasewatchCLI(LightningCLI):
         self.store.release_lock()
         if getattr(self.model, "nonfinite_step", None) is not None:
             sys.exit(1)  # stopped on a NaN/inf loss: a failure for scripts and sweeps
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        """LightningCLI's, with a fit stopped by SIGTERM or Ctrl-C raised as `Interrupted`.
+        Lightning ends such a fit with SystemExit: status 0 after SIGTERM (`SIGTERMException`,
+        raised once the step in progress is done; `ScheduledCheckpoints` has saved last.ckpt
+        at that step), 1 after Ctrl-C (its KeyboardInterrupt handling)."""
+        try:
+            super().__init__(*args, **kwargs)
+        except (SystemExit, KeyboardInterrupt) as err:
+            trainer, store = getattr(self, "trainer", None), getattr(self, "store", None)
+            if trainer is None or store is None or self.subcommand != "fit" or not trainer.interrupted:
+                raise
+            if isinstance(err, SIGTERMException) or trainer.received_sigterm:
+                signum = signal.SIGTERM
+            elif isinstance(err, KeyboardInterrupt) or isinstance(err.__context__, KeyboardInterrupt):
+                signum = signal.SIGINT
+            else:
+                raise
+            raise Interrupted(store, trainer.global_step, signum) from None
+
+
+class Interrupted(Exception):
+    """A fit stopped by a signal (SIGTERM, or SIGINT: Ctrl-C) at `step`; the run folder keeps
+    what was written, and `phasewatch fit --run_dir <folder> --ckpt_path last` resumes it.
+    `status` is the exit status a shell gives a command killed by that signal (143, 130)."""
+
+    def __init__(self, store: RunFolder, step: int, signum: int):
+        self.store, self.step, self.signum = store, step, int(signum)
+        super().__init__(f"interrupted at step {step}")
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+    def line(self) -> str:
+        """One line: where it stopped and the command that resumes it (and, when last.ckpt is
+        older than the step reached, the step it resumes from)."""
+        saved = None
+        if self.store.last_checkpoint.exists():
+            try:
+                saved = read_checkpoint(self.store.last_checkpoint)["global_step"]
+            except ConfigError:
+                saved = None
+        line = (f"interrupted at step {self.step}; resume with: "
+                f"phasewatch fit --run_dir {self.store.root} --ckpt_path last")
+        if saved is None:
+            return f"interrupted at step {self.step} before its first checkpoint; start it again"
+        if saved != self.step:
+            line += f" (from its last checkpoint, step {saved})"
+        return line
 
 
 def resolve_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None]:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,6 +129,57 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
     assert sorted(history) == sorted({r["step"] for r in reference})
     tables = [wandb_records.summary_table(o, "transitions/events")["data"] for o in (offline[-1], reference_wandb)]
     assert tables[0] == tables[1]
+
+
+INTERRUPTED = ["--trainer.max_steps", "150", "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps",
+               "5", "--checkpoints.last_every", "1000", "--checkpoints.schedule.kind", "list",
+               "--checkpoints.schedule.steps", "[0]", "--no_wandb", *TASKS["modular_addition"], *TINY]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The metrics of the run `test_a_stopped_run_...` interrupts, trained without interruption."""
+    run = tmp_path_factory.mktemp("whole") / "run"
+    assert main(["fit", "--run_dir", str(run), *INTERRUPTED]) == 0
+    return list(read_jsonl(run / "metrics.jsonl"))
+
+
+@pytest.mark.parametrize("signum,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_run_says_so_and_how_to_resume_it(tmp_path, uninterrupted, signum, status):
+    """SIGTERM (a scheduler's, `kill`) or Ctrl-C mid-run: the status a shell gives a command
+    killed by that signal, not 0; one line with the step and the resume command; last.ckpt at
+    that step (SIGTERM: Lightning stops after the step, which is saved; Ctrl-C stops at once,
+    resuming from the last checkpoint); the report written; and the printed command resumes
+    the run to the same metrics as an uninterrupted run."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "phasewatch", "fit", "--run_dir", str(run), *INTERRUPTED],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(read_jsonl(run / "metrics.jsonl"))) < 3:
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.01)
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == status, out
+    match = re.search(r"^phasewatch: interrupted at step (\d+); resume with: (phasewatch fit --run_dir (\S+) "
+                      r"--ckpt_path last)(?: \(from its last checkpoint, step (\d+)\))?$", out, re.MULTILINE)
+    assert match, out
+    step, command, folder, saved = int(match[1]), match[2], match[3], match[4]
+    assert Path(folder) == run and 0 < step < 150
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    if signum == signal.SIGTERM:
+        assert saved is None and last == step  # saved at the step it stopped at (last_every would not have)
+    else:
+        assert int(saved) == last <= step
+    report = (run / "report.html").read_text()
+    assert 'http-equiv="refresh"' not in report  # the final report, not the live one
+    assert not (run / ".lock").exists()
+
+    resume = subprocess.run([sys.executable, "-m", *command.split()[0:1], *command.split()[1:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert resume.returncode == 0, resume.stdout
+    assert "interrupted" not in resume.stdout
+    assert list(read_jsonl(run / "metrics.jsonl")) == uninterrupted  # every step once, the same numbers
 
 
 def test_wandb_offline_run_and_sync_hint(tmp_path, capsys, monkeypatch):
