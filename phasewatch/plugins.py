@@ -16,18 +16,24 @@ A plug-in that fails to import is left out with one warning naming it; a dotted 
 cannot be imported is refused with one line naming the module.
 
 A run folder is data, possibly someone else's: the commands that rebuild a run from its
-config.yaml (`analyze`, `trajectory`) import only classes of phasewatch, of installed
-plug-ins (the modules of the entry points above) and of modules the user names on the
-command line (`--allow MODULE`, or a probe's dotted name); `check_trusted` refuses any
-other class path in the config before anything is imported.
+config.yaml (`analyze`, `trajectory`, `diff`, and `fit --run_dir D --ckpt_path last` without
+`--config`) import only classes of phasewatch, of installed plug-ins (the modules of the entry
+points above) and of modules the user names on the command line (`--allow MODULE`, a probe's
+dotted name, a flag's value). `check_trusted` refuses any other name in the config, found
+where jsonargparse would find it, before anything is imported; `only_trusted_imports` then
+has jsonargparse itself refuse any other import while it parses and instantiates.
 """
 
 from __future__ import annotations
 
 import importlib
-import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
+
+import yaml
 
 from phasewatch.errors import ConfigError
 
@@ -74,8 +80,17 @@ def is_trusted(module: str, allowed: tuple[str, ...] = ()) -> bool:
     return _within(module, {"phasewatch", *installed_modules(), *allowed})
 
 
-#: a string a parser could take for code to import: `package.module.Name` or `package.module:name`
-_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:\w+)?|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:\w+")
+def _dotted_module(text: str) -> str | None:
+    """The module a dotted name would import (`pkg.mod.Name` -> `pkg.mod`, `pkg.mod:name` ->
+    `pkg.mod`), or None when `text` is not such a name (jsonargparse imports only names of
+    identifiers joined by dots)."""
+    module, colon, attr = text.partition(":")
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts) or (colon and not attr.isidentifier()):
+        return None
+    if colon:
+        return module
+    return ".".join(parts[:-1]) if len(parts) > 1 else None
 
 
 def _importable(module: str) -> bool:
@@ -89,33 +104,105 @@ def _importable(module: str) -> bool:
         return False
 
 
-def check_trusted(config: object, source: str, allowed: tuple[str, ...] = (), fix: str | None = None) -> None:
-    """ConfigError unless every value of `config` (a parsed YAML tree) that jsonargparse could
-    turn into an import names phasewatch, an installed plug-in or a module of `allowed`: a
-    `class_path`, a string naming a class or function (`pkg.mod.Name`, `pkg.mod:name`); and
-    no string holds configuration of its own (inline YAML, or the path of another config
-    file), which could name anything."""
+#: the most of a file that a string naming it is read for (a config file is far smaller)
+_MAX_REFERENCED = 1 << 20
+
+
+def _referenced_file(text: str, bases: tuple[Path, ...]) -> Path | None:
+    """The existing file that `text` names, as a path from the working directory or from one
+    of `bases` (jsonargparse reads relative paths from the folder of the config naming them)."""
+    if not text or "\n" in text or len(text) > 4096:
+        return None
+    path = Path(text).expanduser()
+    for candidate in (path, *(base / path for base in bases)) if not path.is_absolute() else (path,):
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError:
+            continue
+    return None
+
+
+def check_trusted(config: object, source: str, allowed: tuple[str, ...] = (), fix: str | None = None,
+                  bases: tuple[str | Path, ...] = ()) -> None:
+    """ConfigError unless every module that jsonargparse could import while parsing `config` (a
+    parsed YAML tree) is phasewatch's, an installed plug-in's or under one of `allowed`.
+
+    The check follows what jsonargparse does with a value rather than the forms it is written
+    in: every string is also read as the YAML it may hold (inline mappings, block scalars,
+    quoted names) and, where it names an existing file (from the working directory or one of
+    `bases`), as that file's contents; the trees found are checked in the same way. A name
+    jsonargparse would import is identifiers joined by dots (`pkg.mod.Name`, `pkg.mod:name`),
+    wherever it appears (`class_path`, a bare class name, a list item). A file too large to
+    read, or nesting too deep to follow, is refused rather than passed unread."""
+    roots = tuple(Path(b) for b in bases)
 
     def refuse(where: str, problem: str, module: str | None) -> None:
         hint = f"If you trust it, pass --allow {module.split('.')[0]}" if module else "Write the values out as a mapping"
         raise ConfigError(where or "config", f"{source} {problem}", fix or hint)
 
-    def walk(node: object, where: str) -> None:
+    def text_of(path: Path, where: str) -> str | None:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_REFERENCED + 1)
+        if b"\0" in data[:8192]:
+            return None  # binary (a checkpoint, an array): not a config jsonargparse could read
+        if len(data) > _MAX_REFERENCED:
+            refuse(where, f"names {str(path)!r}, a file too large to check for code it names", None)
+        return data.decode("utf-8", errors="replace")
+
+    def walk(node: object, where: str, depth: int) -> None:
+        if depth > 16:
+            refuse(where, "nests configuration too deeply to check for code it names", None)
         if isinstance(node, dict):
             for key, value in node.items():
-                walk(value, f"{where}.{key}" if where else str(key))
+                walk(value, f"{where}.{key}" if where else str(key), depth + 1)
         elif isinstance(node, list):
             for item in node:
-                walk(item, where)
+                walk(item, where, depth + 1)
         elif isinstance(node, str):
             text = node.strip()
-            if _DOTTED.fullmatch(text):
-                module = text.partition(":")[0] if ":" in text else (text.rpartition(".")[0] or text)
-                if _importable(module) and not is_trusted(module, allowed):
-                    refuse(where, f"names {text!r}, which is neither phasewatch's nor an installed plug-in's; "
-                                  "importing it would run its code", module)
-            elif text.startswith(("{", "[")) or text.lower().endswith((".yaml", ".yml", ".json")):
-                refuse(where, f"holds configuration in a string ({text[:40]!r}), which is not read from a run "
-                              "folder", None)
+            module = _dotted_module(text)
+            if module is not None and _importable(module) and not is_trusted(module, allowed):
+                refuse(where, f"names {text!r}, which is neither phasewatch's nor an installed plug-in's; "
+                              "importing it would run its code", module)
+            try:
+                parsed = yaml.safe_load(node)
+            except yaml.YAMLError:
+                parsed = None
+            if isinstance(parsed, (dict, list)) or (isinstance(parsed, str) and parsed.strip() != text):
+                walk(parsed, where, depth + 1)
+            path = _referenced_file(text, roots)
+            if path is not None:
+                contents = text_of(path, where)
+                if contents is not None:
+                    try:
+                        walk(yaml.safe_load(contents), where, depth + 1)
+                    except yaml.YAMLError:
+                        pass  # not YAML: jsonargparse could not read it as configuration either
 
-    walk(config, "")
+    walk(config, "", 0)
+
+
+def named_modules(argv: list[str]) -> tuple[str, ...]:
+    """The modules that values on a command line name (`--data.task mylab.tasks.MyTask`):
+    trusted, since the user typed them."""
+    names = (_dotted_module(value.strip()) for arg in argv for value in arg.split("=", 1)[-1:])
+    return tuple(sorted({n for n in names if n is not None}))
+
+
+@contextmanager
+def only_trusted_imports(allowed: tuple[str, ...] = ()) -> Iterator[None]:
+    """While the block runs, jsonargparse refuses (ImportDenied, before importing) every import
+    path that a parsed value names, except phasewatch's, the installed plug-ins' and those under
+    `allowed`: the parser's own guard behind `check_trusted`, for a configuration from a run
+    folder. The previous import policy is restored on leaving."""
+    from jsonargparse import _common  # the policy's state: set_parsing_settings can add, not restore
+    from jsonargparse import set_parsing_settings
+
+    saved = {key: _common.parsing_settings[key] for key in ("import_path_verdicts", "import_paths_enforced")}
+    allow = sorted({"phasewatch", *installed_modules(), *allowed} - {"jsonargparse"})
+    set_parsing_settings(import_path_denylist=["*"], import_path_allowlist=allow)
+    try:
+        yield
+    finally:
+        _common.parsing_settings.update(saved)

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
 from phasewatch.callbacks.loggers import RunFolderLogger
 from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.transitions import TransitionWatcher
-from phasewatch.plugins import check_trusted
+from phasewatch.plugins import check_trusted, named_modules, only_trusted_imports
 from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.report.live import LiveReport
 from phasewatch.rundir import RunFolder, default_run_dir, read_checkpoint
@@ -65,6 +66,7 @@ class PhasewatchCLI(LightningCLI):
 
     _options_given = False  # --probes.options on the command line (checked against the probes run)
     _resumed: tuple[str, int] | None = None  # (checkpoint, its global_step) that resume_arguments read
+    _untrusted: tuple[str, ...] | None = None  # config from a run folder: the modules the command line names
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run_dir", type=str | None, default=None,
@@ -93,11 +95,21 @@ class PhasewatchCLI(LightningCLI):
             if isinstance(args, dict):
                 self.config = parser.parse_object(args)
             else:
-                argv, self._resumed = resolve_arguments(list(sys.argv[1:] if args is None else args))
+                argv, self._resumed, self._untrusted = resolve_arguments(list(sys.argv[1:] if args is None else args))
                 self._options_given = any(a.startswith("--probes.options") for a in argv)
-                self.config = parser.parse_args(argv)
+                with self._import_guard():
+                    self.config = parser.parse_args(argv)
         except ArgumentError as err:
             raise parse_error(err) from None
+
+    def _import_guard(self) -> AbstractContextManager:
+        """jsonargparse's import policy while a run folder's config is parsed and instantiated
+        (`plugins.only_trusted_imports`); nothing for a config the user gave."""
+        return nullcontext() if self._untrusted is None else only_trusted_imports(self._untrusted)
+
+    def instantiate_classes(self) -> None:
+        with self._import_guard():
+            super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any):
         cfg = self.config[self.subcommand]
@@ -290,10 +302,11 @@ class Interrupted(Exception):
         return line
 
 
-def resolve_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None]:
+def resolve_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None, tuple[str, ...] | None]:
     """The command line as jsonargparse should see it: negative numbers as values
     (`--model.lr -1e-3`, as users type it), registry task names as class paths, and a
-    resumed run's config and last checkpoint filled in; and the checkpoint read
+    resumed run's config and last checkpoint filled in; the checkpoint read; and, when the
+    config comes from a run folder, the modules the command line itself names
     (`resume_arguments`)."""
     return resume_arguments(task_argument(negative_values(argv)))
 
@@ -390,28 +403,31 @@ def task_argument(argv: list[str]) -> list[str]:
     return _set_flag(argv, "--data.task", path, keep_position=True)
 
 
-def resume_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None]:
+def resume_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None, tuple[str, ...] | None]:
     """Make `fit --run_dir D --ckpt_path last` resume D: read D's config when no config is
     given, and turn `last` into D's last checkpoint. Any checkpoint given is read first,
     without running code (`read_checkpoint`): a missing, corrupt or crafted file stops here
-    with one line. Returns the arguments and (checkpoint, its global_step), None when no
-    checkpoint is given."""
+    with one line. Returns the arguments, (checkpoint, its global_step) or None when no
+    checkpoint is given, and, when D's config is read (it may be someone else's), the modules
+    that the command line names (trusted: the user typed them), else None."""
     ckpt, run_dir = _flag_value(argv, "--ckpt_path"), _flag_value(argv, "--run_dir")
+    untrusted = None
     if ckpt is None:
-        return argv, None
+        return argv, None, None
     if run_dir is None:
         if ckpt == "last":
             raise ConfigError("ckpt_path", "'last' needs the run folder to resume",
                               "Pass --run_dir runs/<name> together with --ckpt_path last.")
         # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
-        return argv, (ckpt, read_checkpoint(ckpt)["global_step"])
+        return argv, (ckpt, read_checkpoint(ckpt)["global_step"]), None
     store = RunFolder(run_dir)
     if _flag_value(argv, "--config") is None and _flag_value(argv, "-c") is None:
         if not store.config.exists():
             raise ConfigError("run_dir", f"{store.config} does not exist, so there is no run to resume",
                               "Check the folder name (runs/<name>), or start a new run with --config.")
         # the folder may be someone else's: its config may name only code that is phasewatch's or installed
-        check_trusted(store.read_config(), str(store.config),
+        untrusted = named_modules(argv)
+        check_trusted(store.read_config(), str(store.config), untrusted, bases=(store.root,),
                       fix=f"If you trust it, pass --config {store.config} as well, which runs it as given.")
         argv = argv[:1] + ["--config", str(store.config)] + argv[1:]
     if ckpt == "last":
@@ -421,7 +437,7 @@ def resume_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None
         ckpt = str(store.last_checkpoint)
         argv = _set_flag(argv, "--ckpt_path", ckpt)
     # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
-    return argv, (ckpt, read_checkpoint(ckpt)["global_step"])
+    return argv, (ckpt, read_checkpoint(ckpt)["global_step"]), untrusted
 
 
 #: errors raise (parse_arguments turns them into one line) instead of printing the usage and exiting
@@ -487,8 +503,9 @@ def instantiate_config(config: dict[str, Any], source: str, allow: tuple[str, ..
         raise ConfigError("run_dir", f"{source} does not describe a model and a task (model: and data: task: "
                                      "class_path, init_args)", "Give a run folder written by phasewatch fit.")
     saved = {k: config[k] for k in ("seed_everything", "model", "data") if k in config}
-    check_trusted(saved, source, allow)
-    cli = _ConfigOnly(TrainModule, TaskDataModule, save_config_callback=None, trainer_defaults=TRAINER_DEFAULTS,
-                      seed_everything_default=0, auto_configure_optimizers=False, args=saved, run=False,
-                      parser_kwargs=PARSER_KWARGS)
+    check_trusted(saved, source, allow, bases=(Path(source).parent,))
+    with only_trusted_imports(allow):
+        cli = _ConfigOnly(TrainModule, TaskDataModule, save_config_callback=None, trainer_defaults=TRAINER_DEFAULTS,
+                          seed_everything_default=0, auto_configure_optimizers=False, args=saved, run=False,
+                          parser_kwargs=PARSER_KWARGS)
     return RunConfig(config, cli.model, cli.datamodule)

@@ -99,31 +99,80 @@ def _their_module(tmp_path, monkeypatch):
     marker = tmp_path / "imported"
     (tmp_path / "theirmod.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("theirmod", None)  # a test that saw it imported must not fail the next one
     return marker
 
 
-@pytest.mark.parametrize("form", ["class name as a string", "inline YAML for data", "inline YAML for the task",
-                                  "path to another config", "resumed with fit"])
-def test_no_form_of_a_crafted_config_gets_its_module_imported(run, tmp_path, capsys, monkeypatch, form):
+#: every way found for a config to name code: form -> (section, key, the value written there). Each is
+#: tried as `fit --run_dir D --ckpt_path last` resumes a run folder and, where analyze reads the
+#: section (it rebuilds the model and data only), as analyze reads it.
+CRAFTED_FORMS = {
+    "class name as a string": ("data", "task", "theirmod.X"),
+    "inline YAML for data": (None, "data", '{"task": {"class_path": "theirmod.X"}}'),
+    "inline YAML for the task": ("data", "task", '{"class_path": "theirmod.X"}'),
+    "block scalar for the task": ("data", "task", "class_path: theirmod.X\ninit_args: {p: 11}\n"),
+    "quoted class name": ("data", "task", "'theirmod.X'"),
+    "class name and a comment": ("data", "task", "theirmod.X  # the task"),
+    "path to another config": (None, "data", "{tmp}/other.yaml"),
+    "path without an extension": ("data", "task", "{tmp}/other"),
+    "path relative to the run folder": ("data", "task", "task-spec"),
+    "class path as a mapping": ("data", "task", {"class_path": "theirmod.X"}),
+    "trainer plugin as inline YAML": ("trainer", "plugins", "class_path: theirmod.X"),
+    "trainer callback in a list": ("trainer", "callbacks", ['{"class_path": "theirmod.X"}']),
+    "trainer logger as a mapping": ("trainer", "logger", {"class_path": "theirmod.X"}),
+    "colon form": ("data", "task", "theirmod:X"),
+}
+
+
+@pytest.mark.parametrize("form, command", [(form, command) for form in sorted(CRAFTED_FORMS)
+                                           for command in ("analyze", "fit --ckpt_path last")
+                                           if command.startswith("fit") or CRAFTED_FORMS[form][0] != "trainer"])
+def test_no_form_of_a_crafted_config_gets_its_module_imported(run, tmp_path, capsys, monkeypatch, form, command):
     marker = _their_module(tmp_path, monkeypatch)
     (tmp_path / "other.yaml").write_text("task: {class_path: theirmod.X}\n")
+    (tmp_path / "other").write_text("class_path: theirmod.X\ninit_args: {p: 11}\n")
     copy = tmp_path / "their-run"
     shutil.copytree(run, copy)
+    (copy / "task-spec").write_text("class_path: theirmod.X\n")
     folder = RunFolder(copy)
     config = folder.read_config()
-    config["data"] = {
-        "class name as a string": {"task": "theirmod.X"},
-        "inline YAML for data": '{"task": {"class_path": "theirmod.X"}}',
-        "inline YAML for the task": {"task": '{"class_path": "theirmod.X"}'},
-        "path to another config": str(tmp_path / "other.yaml"),
-        "resumed with fit": {**config["data"], "task": {"class_path": "theirmod.X"}},
-    }[form]
+    section, key, value = CRAFTED_FORMS[form]
+    if isinstance(value, str):
+        value = value.replace("{tmp}", str(tmp_path))
+    (config if section is None else config.setdefault(section, {}))[key] = value
     folder.config.write_text(yaml.safe_dump(config))
-    argv = (["fit", "--run_dir", str(copy), "--ckpt_path", "last"] if form == "resumed with fit"
+    argv = (["fit", "--run_dir", str(copy), "--ckpt_path", "last"] if command.startswith("fit")
             else ["analyze", str(copy), "--probes", "grokking", "--no_wandb", "--device", "cpu"])
     assert main(argv) == 2
     one_error(capsys)
     assert not marker.exists() and "theirmod" not in sys.modules
+
+
+def test_jsonargparse_itself_refuses_foreign_imports_while_a_run_folder_is_parsed(tmp_path, monkeypatch):
+    """The guard behind check_trusted: whatever form reached the parser, its import is refused
+    before the module runs, and the policy is lifted afterwards."""
+    from jsonargparse import ArgumentParser
+
+    from phasewatch.plugins import only_trusted_imports
+    from phasewatch.tasks.base import Task
+
+    marker = _their_module(tmp_path, monkeypatch)
+    (tmp_path / "theirmod.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+                                          "from phasewatch.tasks import ModularAddition as X\n")
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--task", type=Task)
+    for value in ({"class_path": "theirmod.X"}, "class_path: theirmod.X", "theirmod.X"):
+        with only_trusted_imports(("mylab",)):
+            with pytest.raises(Exception, match="theirmod"):
+                parser.instantiate_classes(parser.parse_object({"task": value}))
+        assert not marker.exists() and "theirmod" not in sys.modules
+    with only_trusted_imports(("theirmod",)):  # allowed by name: imported
+        parser.parse_object({"task": {"class_path": "theirmod.X", "init_args": {"p": 11}}})
+    assert marker.exists()
+    marker.unlink()
+    sys.modules.pop("theirmod")
+    parser.parse_object({"task": {"class_path": "theirmod.X", "init_args": {"p": 11}}})  # the policy is lifted
+    assert marker.exists()
 
 
 def test_a_run_config_naming_foreign_code_is_refused_unless_allowed(run, tmp_path, capsys, monkeypatch):
