@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
-from phasewatch.models import ModelConfig, build_model, native_module
+from phasewatch.models import ModelConfig, build_model, native_module, parameters_kept
 from phasewatch.tasks.base import Batch, ConfigError, Task, masked_loss, masked_loss_and_acc, require, require_int  # noqa: F401
 
 
@@ -95,6 +95,13 @@ class TrainModule(pl.LightningModule):
         warmup_steps: linear warm-up, lr * min(step / warmup_steps, 1) (the paper's schedule,
             so step 0 runs at lr 0); 0 disables it.
         loss_dtype: "float32" or "float64"; None uses the task's choice (grokking: float64).
+        vectorised: None (default) for the plain step. "shared" or "own": the population's
+            vectorised step (`vectorised_outputs`) run as a population of one, with the data
+            the population's members shared ("shared") or each its own ("own"). A population
+            writes it into each member's config.yaml, so that `phasewatch fit --config
+            mNN/config.yaml` repeats the member's arithmetic bit for bit on the CPU
+            (docs/populations.md); the plain step rounds differently (one float32 ulp in
+            the logits), which a long run amplifies.
         on_nonfinite: what a NaN or infinite training loss does: "stop" (default: training
             ends with a message naming the step; the weights, the last checkpoint and every
             metric so far stay as they were) or "skip" (that step's update is skipped and
@@ -115,6 +122,7 @@ class TrainModule(pl.LightningModule):
         warmup_steps: int = 10,
         loss_dtype: str | None = None,
         on_nonfinite: str = "stop",
+        vectorised: str | None = None,
     ):
         super().__init__()
         if task is None:
@@ -133,6 +141,8 @@ class TrainModule(pl.LightningModule):
                 "Use float32, float64 or leave it unset.")
         require(on_nonfinite in ("stop", "skip"), "model.on_nonfinite", f"unknown choice {on_nonfinite!r}",
                 "Use stop or skip.")
+        require(vectorised in (None, "shared", "own"), "model.vectorised", f"unknown choice {vectorised!r}",
+                "Use shared, own or leave it unset (a population member's config sets it).")
         self.save_hyperparameters(ignore=["task"])
         if dataclasses.is_dataclass(self.hparams.get("arch")):  # plain data, so checkpoints load with weights_only
             self.hparams["arch"] = dataclasses.asdict(self.hparams["arch"])
@@ -152,6 +162,8 @@ class TrainModule(pl.LightningModule):
         return self.model(tokens)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
+        if self.hparams.get("vectorised"):
+            return self._vectorised_step(batch)
         logits = native_module(self.model)(batch.tokens)
         aux = {name: term for fn in self.aux_terms for name, term in fn(self).items()}
         if (self.global_step + 1) % self.trainer.log_every_n_steps:
@@ -168,6 +180,35 @@ class TrainModule(pl.LightningModule):
                 self.log(f"train/aux/{name}", term, batch_size=len(batch))
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log("train/acc", acc, prog_bar=True, batch_size=len(batch))
+        self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=len(batch))
+        self._log_step()
+        return loss
+
+    def _as_population_of_one(self, batch: Batch, counts: bool) -> dict[str, torch.Tensor]:
+        """`vectorised_outputs` of this model as a stack of one member (its parameters, and
+        with "own" data its batch, given a leading member dimension of 1)."""
+        module = native_module(self.model)
+        params = {name: p.unsqueeze(0) for name, p in module.named_parameters()}
+        shared = self.hparams.vectorised == "shared"
+        if not shared:
+            batch = Batch(batch.tokens.unsqueeze(0), batch.targets.unsqueeze(0), batch.loss_mask.unsqueeze(0))
+        return vectorised_outputs(module, params, batch, shared, counts, self.loss_dtype)
+
+    def _vectorised_step(self, batch: Batch) -> torch.Tensor | None:
+        """The training step of `vectorised`: PopulationModule.training_step's arithmetic."""
+        logging = not (self.global_step + 1) % self.trainer.log_every_n_steps
+        out = self._as_population_of_one(batch, counts=logging)
+        aux = {name: term for fn in self.aux_terms for name, term in fn(self).items()}
+        loss = out["loss"].sum() + sum(aux.values())  # the population back-propagates the sum over members
+        if not logging:
+            return self._checked(loss, logging=False)
+        if self._checked(loss, logging=True) is None:
+            return None
+        for name, term in aux.items():
+            self.log(f"train/aux/{name}", term, batch_size=len(batch))
+        self.log("train/loss", out["loss"][0], prog_bar=True, batch_size=len(batch))
+        self.log("train/acc", out["correct"][0].float() / out["tokens"][0].float(), prog_bar=True,
+                 batch_size=len(batch))
         self.log("lr", self.lr_schedulers().get_last_lr()[0], batch_size=len(batch))
         self._log_step()
         return loss
@@ -244,6 +285,12 @@ class TrainModule(pl.LightningModule):
         self._val_sums = {g: torch.zeros(5, dtype=torch.float64, device=self.device) for g in dict.fromkeys(groups)}
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        if self.hparams.get("vectorised"):  # PopulationModule.validation_step's arithmetic
+            out = self._as_population_of_one(batch, counts=True)
+            sums = torch.stack([out[k][0].double() for k in ("loss_sum", "tokens", "correct", "seq_ok")])
+            seqs = torch.tensor([float(len(batch))], dtype=sums.dtype, device=sums.device)
+            self._val_sums[self._val_group[batch_idx]] += torch.cat([sums, seqs])
+            return
         logits = native_module(self.model)(batch.tokens)
         picked = logits[batch.loss_mask].to(self.loss_dtype)
         targets = batch.targets[batch.loss_mask]
@@ -280,6 +327,43 @@ class TrainModule(pl.LightningModule):
     def configure_optimizers(self):
         params = [p for p in self.model.parameters() if p.requires_grad]
         return adamw_with_warmup(params, self.hparams, fused=self.defer_checks)
+
+
+def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
+                       counts: bool, loss_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """One pass of `module` for a stack of members (`params`: every parameter with a leading
+    member dimension), `torch.func.vmap` of `functional_call`: per member, the mean loss over
+    answer tokens `loss` and, with `counts`, `loss_sum`, `tokens`, `correct` and `seq_ok`.
+    `batch` is one batch for every member (`shared`) or the members' batches stacked. The
+    population's step (trainers/population.py), and a member's re-run alone (`vectorised`)."""
+    from torch.func import functional_call, vmap
+
+    def one(params, tokens, targets, mask):
+        logits = functional_call(module, params, (tokens,))
+        # every position's cross-entropy weighted by the mask (`masked_mean_loss`: no boolean
+        # indexing, which vmap cannot do)
+        per = F.cross_entropy(logits.to(loss_dtype).flatten(0, -2), targets.flatten(), reduction="none")
+        loss_sum, tokens_ = (per * mask.flatten()).sum(), mask.sum()
+        out = {"loss": loss_sum / tokens_}
+        if counts:
+            right = (logits.argmax(-1) == targets) & mask
+            out |= {"loss_sum": loss_sum, "tokens": tokens_, "correct": right.sum(),
+                    "seq_ok": (right | ~mask).all(-1).sum()}
+        return out
+
+    # A stack of one takes other paths through PyTorch's batched kernels than a stack of two or
+    # more (the key bias's gradient, zero in exact arithmetic, then differs in its last bits), so
+    # it runs beside a detached copy of itself: every stack size then rounds alike
+    # (tests/unit/test_population.py)
+    alone = next(iter(params.values())).shape[0] == 1
+    if alone:
+        params = {name: torch.cat([p, p.detach()]) for name, p in params.items()}
+        if not shared:
+            batch = Batch(*(torch.cat([t, t]) for t in (batch.tokens, batch.targets, batch.loss_mask)))
+    data = None if shared else 0
+    with parameters_kept(module):
+        out = vmap(one, in_dims=(0, data, data, data))(params, batch.tokens, batch.targets, batch.loss_mask)
+    return {key: value[:1] for key, value in out.items()} if alone else out
 
 
 def adamw_with_warmup(params, hp: Mapping[str, Any], fused: bool) -> dict[str, Any]:

@@ -44,13 +44,12 @@ from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
-from phasewatch.models import native_module, parameters_kept
+from phasewatch.models import native_module
 from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch, ConfigError
-from phasewatch.trainers.module import TaskDataModule, TrainModule, adamw_with_warmup
+from phasewatch.trainers.module import TaskDataModule, TrainModule, adamw_with_warmup, vectorised_outputs
 
 
 def parse_seeds(spec: object) -> list[int]:
@@ -90,13 +89,16 @@ def parse_seeds(spec: object) -> list[int]:
 
 def member_config(config: dict[str, Any], seed: int, vary_data: bool, run_dir: Path) -> dict[str, Any]:
     """The config that re-runs one member alone: the population's, with the member's seed (and
-    data seed when `vary_data`), its own run folder and no population."""
+    data seed when `vary_data`), its own run folder, no population, and `model.vectorised`
+    (the member's step as a population of one, so that the re-run repeats its arithmetic)."""
     out = copy.deepcopy(config)
     out["seed_everything"] = seed
     if vary_data:
         out["data"]["task"].setdefault("init_args", {})["seed"] = seed
     out["run_dir"] = str(run_dir)
     out.setdefault("checkpoints", {})["dirpath"] = str(RunFolder(run_dir).checkpoints)
+    # re-run alone through the population's own arithmetic (TrainModule's `vectorised`)
+    out.setdefault("model", {})["vectorised"] = "own" if vary_data else "shared"
     out.pop("population", None)
     out.pop("ckpt_path", None)
     return out
@@ -180,26 +182,7 @@ class PopulationModule(pl.LightningModule):
 
     def _vectorised(self, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
                     counts: bool) -> dict[str, torch.Tensor]:
-        from torch.func import functional_call, vmap
-
-        template, dtype = self._template, self.loss_dtype
-
-        def one(params, tokens, targets, mask):
-            logits = functional_call(template, params, (tokens,))
-            # every position's cross-entropy weighted by the mask (`masked_mean_loss`: no boolean
-            # indexing, which vmap cannot do)
-            per = F.cross_entropy(logits.to(dtype).flatten(0, -2), targets.flatten(), reduction="none")
-            loss_sum, tokens_ = (per * mask.flatten()).sum(), mask.sum()
-            out = {"loss": loss_sum / tokens_}
-            if counts:
-                right = (logits.argmax(-1) == targets) & mask
-                out |= {"loss_sum": loss_sum, "tokens": tokens_, "correct": right.sum(),
-                        "seq_ok": (right | ~mask).all(-1).sum()}
-            return out
-
-        data = None if shared else 0
-        with parameters_kept(template):
-            return vmap(one, in_dims=(0, data, data, data))(params, batch.tokens, batch.targets, batch.loss_mask)
+        return vectorised_outputs(self._template, params, batch, shared, counts, self.loss_dtype)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         logging = not (self.global_step + 1) % self.trainer.log_every_n_steps  # Lightning's rule, as TrainModule

@@ -35,8 +35,9 @@ def test_a_members_config_changes_only_its_seeds_and_folder(tmp_path):
     assert own == {"seed_everything": 3, "data": {"task": {"class_path": "X", "init_args": {"seed": 3, "p": 7}}},
                    "run_dir": str(tmp_path / "m02"),
                    "checkpoints": {"dirpath": str(tmp_path / "m02" / "checkpoints"), "last_every": 5},
-                   "model": {"lr": 0.1}}
-    assert member_config(config, 3, False, tmp_path)["data"]["task"]["init_args"]["seed"] == 0
+                   "model": {"lr": 0.1, "vectorised": "own"}}
+    shared = member_config(config, 3, False, tmp_path)
+    assert shared["data"]["task"]["init_args"]["seed"] == 0 and shared["model"]["vectorised"] == "shared"
     assert config["seed_everything"] == 0 and "population" in config  # the population's config is left as it was
 
 
@@ -101,6 +102,34 @@ def test_the_vectorised_step_gives_each_member_its_own_loss_and_gradient(shared)
     name = key.replace("__", ".")
     for k, m in enumerate(members):
         assert torch.equal(dict(native_module(m.model).named_parameters())[name], population.stacked[key][k])
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_member_alone_with_vectorised_repeats_its_population_step_bit_for_bit(shared):
+    """`model.vectorised` (what a member's config.yaml sets): the run alone computes member k's
+    loss and gradient as a population of one, with the same bits as member k of three (a stack
+    of one alone would differ in the key bias's gradient: `vectorised_outputs`)."""
+    tasks = [Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8, seed=s) for s in range(3)]
+    members = _members(tasks[0], 3)
+    with torch.no_grad():  # away from the initial weights (zero biases)
+        for k, member in enumerate(members):
+            for param in member.parameters():
+                param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(k)) * 0.1)
+    alone = copy.deepcopy(members[1])
+    alone.hparams["vectorised"] = "shared" if shared else "own"
+    population = PopulationModule(members, shared_data=shared)
+    batches = [t.train_batch(0, None) for t in (tasks[:1] * 3 if shared else tasks)]
+    from phasewatch.trainers.population import stack_batches
+
+    out = population._member_outputs(batches[0] if shared else stack_batches(batches))
+    out["loss"].sum().backward()
+    own = alone._as_population_of_one(batches[1], counts=True)
+    own["loss"].sum().backward()
+    for key in ("loss", "loss_sum", "tokens", "correct", "seq_ok"):
+        assert torch.equal(out[key][1], own[key][0]), key
+    for name, param in native_module(alone.model).named_parameters():
+        if param.grad is not None:
+            assert torch.equal(population.stacked[name.replace(".", "__")].grad[1], param.grad), name
 
 
 def test_members_of_other_architectures_are_refused():
