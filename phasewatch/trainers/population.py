@@ -21,8 +21,9 @@ member k's parameters get only member k's gradient); clipping by global norm
 supported (every member takes the population's).
 
 Every member is an ordinary run. `runs/<name>/m00`, `m01`, ... each hold config.yaml (which
-re-runs the member alone), metrics.jsonl, events.jsonl, arrays, checkpoints and, with W&B, a
-W&B run of their own (grouped under the population's name). The members' weights are views
+re-runs the member alone through the same vectorised step, `model.vectorised`: bit for bit on
+the CPU), metrics.jsonl, events.jsonl, arrays, checkpoints and, with W&B, a W&B run of their
+own (grouped under the population's name). The members' weights are views
 into the stack, so the probes, the transition watcher, the checkpoints and the live report of
 each member run on it as in an ordinary run (`MemberTrainer` is what they see of the trainer).
 The population's own folder (`runs/<name>`) holds its config.yaml and checkpoints/last.ckpt,
