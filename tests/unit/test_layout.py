@@ -65,10 +65,112 @@ def test_no_file_name_of_the_run_folder_is_spelled_outside_rundir():
     assert not found, "run-folder names spelled outside phasewatch/rundir (ask RunFolder instead):\n" + "\n".join(found)
 
 
+#: DESIGN.md's layers, lowest first: a module imports its own layer and lower ones only.
+#: `trainers` (the older home of training and the commands) sits with cli until it is dissolved.
+LAYERS = {"rundir": 0, "models": 0, "tasks": 0, "probes": 1, "phases": 1, "diff": 1, "callbacks": 2, "loggers": 2,
+          "report": 2, "training": 3, "cli": 4, "trainers": 4}
+#: third-party packages a layer must not import (anywhere in its modules, lazily included)
+FORBIDDEN = {"probes": {"lightning", "wandb"}, "phases": {"lightning", "wandb", "torch"}, "tasks": {"lightning", "wandb"},
+             "rundir": {"lightning", "wandb", "transformer_lens"}}
+
+
+def package_imports(path: Path, package: Path = PACKAGE) -> tuple[set[str], set[str]]:
+    """The modules of `package` that the file imports (dotted, `from a.b import c` as a.b.c when
+    c is a module, else a.b), and the top-level names of everything else it imports."""
+    name = package.name
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    here = parts[:-1]  # the package a relative import starts from
+    inside, outside = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+            targets = []
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                is_module = (package.parent / Path(*sub.split("."))).with_suffix(".py").exists() or \
+                    (package.parent / Path(*sub.split(".")) / "__init__.py").exists()
+                targets.append(sub if is_module else base)
+        else:
+            continue
+        for target in targets:
+            if target == name or target.startswith(name + "."):
+                inside.add(target)
+            else:
+                outside.add(target.split(".")[0])
+    return inside, outside
+
+
+def layering_problems(package: Path = PACKAGE) -> list[str]:
+    """Imports that run up a layer, folders with no layer, forbidden third-party imports, and
+    circles of modules importing each other."""
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    folder = lambda module: module.split(".")[1] if module.count(".") >= 1 and \
+        modules[module].parent != package else None  # noqa: E731
+    problems, graph = [], {}
+    for module, path in modules.items():
+        inside, outside = package_imports(path, package)
+        graph[module] = {m for m in inside if m in modules and m != module}
+        own = folder(module)
+        if own is not None and own not in LAYERS:
+            problems.append(f"unplaced: {module} (give phasewatch/{own}/ a layer in LAYERS and DESIGN.md)")
+            continue
+        for other in sorted(graph[module]):
+            theirs = folder(other)
+            if own is not None and theirs in LAYERS and LAYERS[theirs] > LAYERS[own]:
+                problems.append(f"up: {module} imports {other} ({own} {LAYERS[own]} < {theirs} {LAYERS[theirs]})")
+        for bad in sorted(outside & FORBIDDEN.get(own, set())):
+            problems.append(f"forbidden: {module} imports {bad}")
+    # circles: a module that can reach itself through the graph
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for other in sorted(graph[module]):
+            if state.get(other) == 1:
+                problems.append("circle: " + " -> ".join(path[path.index(other):] + [other]))
+            elif other not in state:
+                visit(other, path + [other])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return problems
+
+
 def test_imports_point_down_the_layers_and_form_no_circle():
+    problems = layering_problems()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_layering_check_finds_an_up_import_a_circle_and_an_unplaced_folder(tmp_path):
+    """The check itself, on a package made for it: each kind of problem is reported."""
+    pkg = tmp_path / "phasewatch"
+    for folder, body in {"rundir": "from phasewatch.probes import a\n", "probes": "import lightning\nfrom phasewatch.probes import b\n",
+                         "callbacks": "", "extra": ""}.items():
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+        (pkg / folder / "a.py").write_text(body)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "probes" / "b.py").write_text("from phasewatch.probes import a\n")
+    problems = layering_problems(pkg)
+    assert "up: phasewatch.rundir.a imports phasewatch.probes.a (rundir 0 < probes 1)" in problems
+    assert "forbidden: phasewatch.probes.a imports lightning" in problems
+    assert any(p.startswith("circle: ") and "phasewatch.probes.a" in p and "phasewatch.probes.b" in p for p in problems)
+    assert any(p.startswith("unplaced: phasewatch.extra") for p in problems)
+
+
+def test_the_shared_layering_tool_agrees_where_it_is_beside_the_repository():
     checker = PACKAGE.parents[1] / "shared" / "tools" / "check_layers.py"
     if not checker.exists():
-        pytest.skip("../shared/tools/check_layers.py is not beside the repository")
+        pytest.skip("../shared/tools/check_layers.py is not beside the repository (the in-repo check above ran)")
     out = subprocess.run([sys.executable, str(checker), str(PACKAGE)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "0 problem(s)" in out.stdout
