@@ -95,6 +95,18 @@ NOISE_FLOOR = 2e-3
 #: a change running past the end of the series has ended when it moves this many times slower
 #: there than at its steepest (a logistic step is then ~90% done)
 LEVELLING = 3.0
+#: a spike (outlier) is a point this many noise scales from the median of itself and its 2 neighbours
+#: on either side (Gaussian noise: 2e-5 of points; an outlier of 4.5 noise scales buys less than the
+#: two narrow steps that would fit it cost, so what is left cannot make a transition)
+SPIKE_Z = 4.5
+#: the noise scale at a point: from the residuals within this many points either side
+SPIKE_AROUND = 10
+#: a point's residual against the median of 5 has a robust scale this fraction of the noise (Gaussian)
+MEDIAN_RESIDUAL = 0.73
+#: a transition's change is seen in the series: over its 10-90% part the whole fitted curve moves its
+#: way by at least this fraction of the transition's own move (a step the fit uses to offset a line
+#: or another step where the series is flat is no change of the series)
+SUPPORT = 0.5
 #: rounds of refinement after the greedy search
 ROUNDS = 2
 #: the 10-90% part of a logistic step lasts this many widths
@@ -142,6 +154,48 @@ def _point_residuals(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
     gap = t[2:] - t[:-2]
     a = np.where(gap > 0, (t[2:] - t[1:-1]) / np.where(gap > 0, gap, 1.0), 0.5)
     return t[1:-1], (y[1:-1] - a * y[:-2] - (1 - a) * y[2:]) / np.sqrt(1 + a**2 + (1 - a) ** 2)
+
+
+def _outliers(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points against their neighbourhood (a Hampel identifier): each point's
+    residual r against the running median (`_running_median`: of 5 points, of 3 and Tukey's rule at
+    the ends), in units of the noise there, z. The median follows a step or any monotone stretch
+    exactly, so a change has r = 0; an outlier (or two in a row) stands out. The noise
+    there: the robust scale of the residuals r within `SPIKE_AROUND` points either side (a noisier
+    stretch is not all outliers), at least the series' own point noise. Spikes (|z| > `SPIKE_Z`) are
+    taken out the largest in its neighbourhood first, and the rest judged again without them (an
+    outlier on a slope shifts its neighbours' medians). Returns the spikes, z and r."""
+    n = len(y)
+    spike, z, r = np.zeros(n, dtype=bool), np.zeros(n), np.zeros(n)
+    floor = max(_robust_scale(_point_residuals(t, y)[1]), NOISE_FLOOR * float(np.ptp(y)))
+    while floor > 0 and (m := int((~spike).sum())) >= 7:
+        idx = np.flatnonzero(~spike)
+        ys = y[idx]
+        around = _running_median(ys)
+        rs = ys - around
+        width = min(2 * SPIKE_AROUND + 1, m)
+        local = np.median(np.abs(np.lib.stride_tricks.sliding_window_view(rs, width)), axis=1) / 0.6745 / MEDIAN_RESIDUAL
+        scale = np.maximum(local[np.clip(np.arange(m) - width // 2, 0, len(local) - 1)], floor)
+        zs = rs / scale
+        r[idx], z[idx] = rs, zs
+        big = np.abs(zs) * (np.abs(zs) > SPIKE_Z)
+        first = (big > 0) & (big >= np.max(np.lib.stride_tricks.sliding_window_view(np.pad(big, 2), 5), axis=1))
+        if not first.any():
+            break
+        spike[idx[first]] = True
+    return spike, z, r
+
+
+def _running_median(y: np.ndarray) -> np.ndarray:
+    """The median of each point and its two neighbours on either side; of three next to the ends, and
+    at the ends Tukey's rule (the median of the point, its neighbour's median, and that extrapolated
+    along the next one): every value of a monotone stretch is its own median, an outlier is not."""
+    out = np.empty(len(y))
+    out[2:-2] = np.median(np.lib.stride_tricks.sliding_window_view(y, 5), axis=1)
+    out[1], out[-2] = np.median(y[:3]), np.median(y[-3:])
+    out[0] = np.median([y[0], out[1], 3 * out[1] - 2 * out[2]])
+    out[-1] = np.median([y[-1], out[-2], 3 * out[-2] - 2 * out[-3]])
+    return out
 
 
 def _robust_scale(residual: np.ndarray) -> float:
@@ -306,22 +360,27 @@ class _StepModel:
 
 def detect_transitions(
     steps: Sequence[float], values: Sequence[float], metric: str = "", config: DetectorConfig | None = None,
-    trends: bool = False, in_progress: bool = False,
+    trends: bool = False, in_progress: bool = False, spikes: bool = False,
 ) -> list[dict]:
     """The transitions in one series, as event dicts (DESIGN.md), in step order; with
     `trends=True` also the changes that cannot be told from a trend (`kind: "trend"`), with
     `in_progress=True` also the changes that pass every test but have not ended yet
-    (`kind: "in_progress"`: a transition under way at the series' last point)."""
+    (`kind: "in_progress"`: a transition under way at the series' last point), with `spikes=True`
+    also the outliers left out of the fit (`kind: "spike"`, onset = midpoint = end = its step)."""
     cfg = config or DetectorConfig()
     t, y, use_log = _prepare(steps, values, cfg.log_values)
     if len(t) < 8 or np.ptp(t) == 0:
         return []
-    tb, yb, w = _bin(t, y, min(cfg.bins, len(t)))
+    spike, spike_z, spike_r = _outliers(t, y)
+    found = [_spike_event(metric, use_log, t[i], y[i] - spike_r[i], y[i], spike_z[i]) for i in np.flatnonzero(spike)]
+    found = found if spikes else []
+    tb, yb, w = _bin(t[~spike], y[~spike], min(cfg.bins, len(t)))  # an outlier says nothing about the level
+    t, y = t[~spike], y[~spike]
     if len(tb) < 8:
-        return []
+        return found
     span = float(np.ptp(yb))
     if span <= FLAT * float(np.max(np.abs(yb))):  # a constant series: what binning leaves is rounding
-        return []
+        return found
     residual_t, residual = _point_residuals(t, y)
     noise = max(_robust_scale(residual), NOISE_FLOOR * span)
     if (scatter := _bin_noise(tb, yb, w)) > 1.5 * noise:  # correlated noise: trust the bins' scatter
@@ -331,11 +390,22 @@ def detect_transitions(
     out = [e for group in _groups(chosen, coef[2:], cfg.steepness) if (e := judge.event(group)) is not None]
     if trends:
         out += judge.trend()
+    out += found
     for e in out:
         if e["kind"] == "in_progress" and not in_progress:
             e["kind"] = "trend"  # offline, a change that runs into the series' end cannot be told from a trend
-    wanted = {"transition"} | ({"trend"} if trends else set()) | ({"in_progress"} if in_progress else set())
+    wanted = ({"transition"} | ({"trend"} if trends else set()) | ({"in_progress"} if in_progress else set())
+              | ({"spike"} if spikes else set()))
     return sorted((e for e in out if e["kind"] in wanted), key=lambda e: e["midpoint"])
+
+
+def _spike_event(metric: str, use_log: bool, t: float, level: float, value: float, z: float) -> dict:
+    """An outlier as an event of kind "spike": its step, direction and height above the points around it."""
+    undo = (lambda v: 10**v) if use_log else (lambda v: v)
+    step = int(round(10**t))
+    return {"metric": metric, "direction": "up" if value > level else "down", "onset": step, "midpoint": step,
+            "end": step, "magnitude": float(abs(undo(value) - undo(level))), "kind": "spike", "steepest": step,
+            "snr": round(abs(float(z)), 2), "confidence": round(_normal_cdf(abs(float(z)) - SPIKE_Z), 4)}
 
 
 def _fit_steps(tb: np.ndarray, yb: np.ndarray, w: np.ndarray, noise: float, cfg: DetectorConfig):
@@ -429,6 +499,12 @@ class _Judge:
         progress = np.maximum.accumulate((curve - curve[0]) / (curve[-1] - curve[0]))
         onset, midpoint, end = (float(grid[min(int(np.searchsorted(progress, f)), len(grid) - 1)])
                                 for f in (0.1, 0.5, 0.9))
+        # the series itself moves that way over the change, by enough (not a step offsetting the line or
+        # another step where the series is flat): the whole fitted curve over its 10-90% part, per 80%
+        whole = self.model.curve(self.steps, self.coef, np.array([onset, end]))
+        seen = float(whole[1] - whole[0]) / 0.8 * np.sign(change)
+        if seen < SUPPORT * abs(change) or seen < self.cfg.min_range_fraction * self.range:
+            return None
         slope = np.abs(np.gradient(curve, grid))
         steepest = float(grid[int(np.argmax(slope))])
         # ended: its 90% point is inside the series, or the series already shows it levelling off
