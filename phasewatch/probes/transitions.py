@@ -1,52 +1,16 @@
 """Phase-transition detection in any logged series (pure functions of steps and values).
 
-Method, in log-step time (as docs/reference.md recommends; transitions in small models are
-spread over orders of magnitude of steps):
-
-1. t = log10(step) for steps >= 1. Values stay linear by default, so a loss's transition
-   is where most of its value goes (`log_values=True` works in log10 of the value, which
-   also finds the later drops of a loss by orders of magnitude).
-2. The points are averaged into bins of equal width in t, each bin weighted by its number of
-   points (dense late logging counts as the evidence it is, without its bins outweighing
-   sparse early ones point for point). The noise of one point is estimated robustly from
-   each point's residual against the line through its two neighbours (the curve's slope does
-   not enter; a sharp change affects only a few points).
-3. The series is modelled as a straight line in t (a steady trend) plus steps: logistic
-   curves in t, `A / (1 + exp(-(t - c) / w))`, each a rise or fall of A centred at step
-   10^c whose 10-90% part lasts 2 w ln 9 decades. Steps are added one at a time, each the
-   centre and width (from a grid: every bin and between bins; widths from a step between two
-   logged points to `max_duration` of the run) that most reduces the weighted squared residual, while
-   that reduction exceeds `penalty` x log(bins) noise variances (a BIC-like price for the
-   step's three parameters); a straight line in t (a steady trend) is tried too; then the
-   choice is refined (each step taken out and the search resumed, neighbouring steps merged)
-   while the priced residual falls. If the bin means scatter more than independent noise of
-   the estimated size allows (noise correlated from point to point, as in real training
-   curves), the noise is raised to what the bins show.
-4. Overlapping steps moving the same way at comparable speeds (within `steepness`) are one
-   transition (a lopsided change takes two steps). It counts when
-   - its level change (the sum of its steps' heights) stands out of the noise: `min_snr`
-     standard errors, from the least-squares fit, with the noise of the points around it
-     where they scatter more than the series as a whole;
-   - it is at least `min_range_fraction` of the range of the fitted curve;
-   - it takes at most `max_duration` of the run's log-time, from 10% to 90%;
-   - the series has at least two points before its midpoint (a change before it began is not seen);
-   - it has ended: the series goes on past its 90% point (by a tenth of its duration), or on
-     past its midpoint (5 points, a third of its duration) and at the last point it moves
-     `LEVELLING` times slower than at its steepest. A change that runs into the end of
-     the series at full speed cannot be told from a trend (live: from a transition still
-     under way) until the series goes on past it.
-   What fails only the last two tests, and a steady trend that moves the series by
-   `min_range_fraction` of its range, is reported as a trend (only with `trends=True`:
-   `kind: "trend"`).
-
-Each transition is the event of DESIGN.md: metric, direction ("down"/"up"), onset, midpoint,
-end (where the transition's fitted curve passes 10%, 50% and 90% of its change), magnitude
-(the change, in the series' own units; a trend or neighbouring transition is not part of
-it), all in training steps; plus `kind`, `steepest` (where the fitted curve moves fastest in
-log-step time: the midpoint for one symmetric step, elsewhere for a lopsided change), `snr`
-(the change over its standard error) and `confidence` (the probability, under Gaussian noise
-of the estimated size, that the change would pass the noise and size tests again: 0.5 at the
-threshold, 0.99 at 2.3 standard errors beyond it).
+`detect_transitions(steps, values)` works in log-step time: outliers (spikes: a point far from the
+running median of its neighbours, in units of the local noise) are left out; the rest is binned,
+fitted as a level, optionally a line, plus logistic steps chosen by a BIC-like price; steps moving
+the same way at comparable speeds are one transition. A transition is reported when its change is
+`min_snr` standard errors, `min_range_fraction` of the fitted range, shown by the whole fitted curve
+over its 10-90% part, at most `max_duration` of the run, and ended; otherwise it can be a trend
+(`trends=True`), a change under way (`in_progress=True`); spikes are listed with `spikes=True`,
+never as transitions. Each event is DESIGN.md's (metric, direction, onset, midpoint, end,
+magnitude) plus kind, steepest, snr and confidence. `departure` tests whether a series' newest
+points have left their recent trend (the live watcher's early onset). How and why, what each
+field means, and where it is blind: docs/phases.md.
 """
 
 from __future__ import annotations
