@@ -122,8 +122,8 @@ def _point_residuals(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 def _outliers(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The points against their neighbourhood (a Hampel identifier): each point's
-    residual r against the running median (`_running_median`: of 5 points, of 3 and Tukey's rule at
-    the ends), in units of the noise there, z. The median follows a step or any monotone stretch
+    residual r against the running median (`_running_median`: of 5 points, of 3 next to the ends; the
+    first and last points are not judged), in units of the noise there, z. The median follows a step or any monotone stretch
     exactly, so a change has r = 0; an outlier (or two in a row) stands out. The noise
     there: the robust scale of the residuals r within `SPIKE_AROUND` points either side (a noisier
     stretch is not all outliers), at least the series' own point noise. Spikes (|z| > `SPIKE_Z`) are
@@ -151,14 +151,13 @@ def _outliers(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _running_median(y: np.ndarray) -> np.ndarray:
-    """The median of each point and its two neighbours on either side; of three next to the ends, and
-    at the ends Tukey's rule (the median of the point, its neighbour's median, and that extrapolated
-    along the next one): every value of a monotone stretch is its own median, an outlier is not."""
-    out = np.empty(len(y))
+    """The median of each point and its two neighbours on either side, of three next to the ends; the
+    first and last points are their own (with neighbours on one side only, an outlier there cannot be
+    told from the start of a change): every value of a monotone stretch is its own median, an
+    outlier is not."""
+    out = y.astype(float).copy()
     out[2:-2] = np.median(np.lib.stride_tricks.sliding_window_view(y, 5), axis=1)
     out[1], out[-2] = np.median(y[:3]), np.median(y[-3:])
-    out[0] = np.median([y[0], out[1], 3 * out[1] - 2 * out[2]])
-    out[-1] = np.median([y[-1], out[-2], 3 * out[-2] - 2 * out[-3]])
     return out
 
 
@@ -476,7 +475,10 @@ class _Judge:
         seen_after = self.t[-1] - midpoint >= (end - onset) / 3 and int((self.t > midpoint).sum()) >= 5
         ended = end - onset > 0 and (end + (end - onset) / 10 <= self.t[-1]
                                      or (seen_after and at_last <= slope.max() / LEVELLING))
-        seen_before = int((self.t < midpoint).sum()) >= 2  # a change before the series begins is not seen
+        # a change before the series begins is not seen; one with a single point after it is not yet
+        # told from an outlier at the series' end (the last point is not judged as a spike)
+        seen_before = int((self.t < midpoint).sum()) >= 2
+        ended = ended and int((self.t > midpoint).sum()) >= 2
         if seen_before and end - onset <= self.cfg.max_duration * self.total:
             kind = "transition" if ended else "in_progress"
         else:
