@@ -74,7 +74,8 @@ def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, 
 
     # --no_wandb: the values again, no W&B run
     assert main(["analyze", str(trained), "--probes", "grokking", "--replace", "--no_wandb"]) == 0
-    assert len(wandb_records.offline_runs(trained)) == 2
+    assert wandb_records.offline_runs(trained) == [training]
+    assert wandb_records.offline_runs(trained / "analyze") == [analysis]  # no new W&B run
     assert list(read_jsonl(trained / "analyses.jsonl"))[-1]["wandb_id"] is None
     assert by_step(r for r in read_jsonl(trained / "metrics.jsonl") if "grok/restricted_loss" in r) == added
 

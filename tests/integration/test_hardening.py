@@ -173,6 +173,7 @@ def test_jsonargparse_itself_refuses_foreign_imports_while_a_run_folder_is_parse
     sys.modules.pop("theirmod")
     parser.parse_object({"task": {"class_path": "theirmod.X", "init_args": {"p": 11}}})  # the policy is lifted
     assert marker.exists()
+    sys.modules.pop("theirmod")
 
 
 def test_a_run_config_naming_foreign_code_is_refused_unless_allowed(run, tmp_path, capsys, monkeypatch):
@@ -186,6 +187,7 @@ def test_a_run_config_naming_foreign_code_is_refused_unless_allowed(run, tmp_pat
             pass
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("theirmod", None)  # imported by an earlier test of another module of that name
     copy = tmp_path / "their-run"
     shutil.copytree(run, copy)
     folder = RunFolder(copy)
