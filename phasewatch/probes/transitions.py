@@ -492,6 +492,8 @@ class _Judge:
 
     def trend(self) -> list[dict]:
         """The straight line's own change over the run, as a trend, when it passes the tests."""
+        if not self.model.line:  # no line in the model: no trend (its change of 0 has no error either)
+            return []
         change = float(self.coef[1] * self.total)
         ok, snr, confidence = self._test(change, float(self.cov[1, 1]) * self.total**2, self.noise)
         if not ok:
