@@ -1,27 +1,15 @@
-"""Plug-ins: a researcher's own probes and tasks, from their own package, without editing phasewatch.
+"""Plug-ins: a researcher's own probes and tasks, from their own package, and which code a
+configuration may import.
 
-Two ways in, for probes and tasks alike:
+Two ways in: an entry point in the group `phasewatch.probes` or `phasewatch.tasks` (its module
+registers its plug-ins when imported), or a dotted name on the command line
+(`--probes.names '[mylab.probes:fn]'`, `--data.task mylab.tasks.MyTask`). A plug-in that fails
+to import is left out with one warning; a dotted name that cannot be imported is one line.
 
-- an entry point of an installed distribution, in the group `phasewatch.probes` or
-  `phasewatch.tasks` (in pyproject.toml: `[project.entry-points."phasewatch.probes"]`,
-  `mylab = "mylab.probes"`). Its module is imported the first time phasewatch lists or looks
-  up probes (tasks), and importing it registers them with the usual decorators
-  (`phasewatch.probes.register_probe`, `phasewatch.tasks.register_task`);
-- a dotted name on the command line: `--probes.names '[mylab.probes:attention_entropy]'`
-  (the module is imported; the name is a probe it registers, or a plain function
-  `fn(model, task) -> dict`, registered then as a probe of every task, not run by default),
-  `--data.task mylab.tasks.MyTask` (a Task subclass, by its class path).
-
-A plug-in that fails to import is left out with one warning naming it; a dotted name that
-cannot be imported is refused with one line naming the module.
-
-A run folder is data, possibly someone else's: the commands that rebuild a run from its
-config.yaml (`analyze`, `trajectory`, `diff`, and `fit --run_dir D --ckpt_path last` without
-`--config`) import only classes of phasewatch, of installed plug-ins (the modules of the entry
-points above) and of modules the user names on the command line (`--allow MODULE`, a probe's
-dotted name, a flag's value). `check_trusted` refuses any other name in the config, found
-where jsonargparse would find it, before anything is imported; `only_trusted_imports` then
-has jsonargparse itself refuse any other import while it parses and instantiates.
+A run folder's config.yaml may be someone else's: `check_trusted` refuses, before anything is
+imported, any name in it outside phasewatch, the installed plug-ins and the modules the user
+names, and `only_trusted_imports` has jsonargparse refuse the same while it parses (README,
+"Security: what phasewatch loads").
 """
 
 from __future__ import annotations
@@ -114,7 +102,7 @@ def _referenced_file(text: str, bases: tuple[Path, ...]) -> Path | None:
     if not text or "\n" in text or len(text) > 4096:
         return None
     path = Path(text).expanduser()
-    for candidate in (path, *(base / path for base in bases)) if not path.is_absolute() else (path,):
+    for candidate in (path, *(base / path for base in bases)):  # an absolute path joins as itself
         try:
             if candidate.is_file():
                 return candidate
