@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from phasewatch.trainers.lightning_cli import instantiate_config
-from phasewatch.trainers.module import TrainModule
+from phasewatch.training.lightning_cli import instantiate_config
+from phasewatch.training.module import TrainModule
 
 
 def build_from_config(path: str) -> tuple[dict, TrainModule]:
@@ -18,7 +18,8 @@ def build_from_config(path: str) -> tuple[dict, TrainModule]:
 def fit_with_callback(argv: list[str], callback) -> int:
     """`phasewatch fit ARGV` with one more Lightning callback on its Trainer (the benchmarks'
     clocks); its exit status."""
-    from phasewatch.trainers import cli, lightning_cli
+    from phasewatch.cli import main as cli
+    from phasewatch.training import lightning_cli
 
     original = lightning_cli.PhasewatchCLI.instantiate_trainer
 

@@ -42,7 +42,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from phasewatch.probes.transitions import detect_transitions  # noqa: E402
+from phasewatch.phases.detector import detect_transitions  # noqa: E402
 
 DENSE = np.arange(10, 10001, 10, dtype=float)
 LOG_60 = np.unique(np.round(np.geomspace(1, 10000, 60)))
@@ -316,7 +316,7 @@ def run_rows() -> list[str]:
     import tempfile
 
     from phasewatch.rundir import load_series
-    from phasewatch.trainers.cli import main as phasewatch
+    from phasewatch.cli.main import main as phasewatch
 
     with tempfile.TemporaryDirectory() as tmp:
         assert phasewatch(["fit", "--config", str(REPO / "configs" / "quickstart_tiny.yaml"), "--run_dir", tmp,

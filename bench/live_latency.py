@@ -43,7 +43,7 @@ import numpy as np
 
 from phasewatch.callbacks.transitions import SAME, TransitionWatcher, _refit
 from phasewatch.probes.keys import is_detail
-from phasewatch.probes.transitions import detect_transitions
+from phasewatch.phases.detector import detect_transitions
 from phasewatch.rundir import RunFolder
 
 DENSE = np.arange(25, 3001, 25)

@@ -19,7 +19,7 @@ import argparse
 
 from phasewatch.probes.llc import DEFAULTS, calibrate_llc, recommend_step_size
 from phasewatch.rundir import RunFolder
-from phasewatch.trainers.posthoc import load_run_module, load_weights
+from phasewatch.cli.analyze import load_run_module, load_weights
 
 
 def main() -> None:

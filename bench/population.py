@@ -57,10 +57,10 @@ def time_fit(config: str, steps: int, device: str, seeds: str | None, seed: int 
              data_seed: bool = False) -> float:
     """Seconds of one `phasewatch fit` of `config`: a population when `seeds` is given, else the
     run alone of member `seed` (its `seed_everything`, and with `data_seed` its data seed too:
-    trainers/population.py's `member_config`); the config's own seeds when `seed` is None."""
+    training/population.py's `member_config`); the config's own seeds when `seed` is None."""
     import tempfile
 
-    from phasewatch.trainers.cli import main as phasewatch
+    from phasewatch.cli.main import main as phasewatch
 
     with tempfile.TemporaryDirectory() as tmp:
         args = ["fit", "--config", config, "--run_dir", f"{tmp}/run", "--trainer.max_steps", str(steps),

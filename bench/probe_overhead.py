@@ -29,7 +29,7 @@ from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.probes import default_probes, get_probe
 from phasewatch.callbacks.schedule import Schedule
-from phasewatch.trainers.module import masked_loss
+from phasewatch.training.module import masked_loss
 
 
 def measure(config: str, repeats: int) -> list[dict]:

@@ -1,3 +1,3 @@
-from phasewatch.trainers.cli import console_main
+from phasewatch.cli.main import console_main
 
 console_main()

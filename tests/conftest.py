@@ -82,7 +82,7 @@ def tracr_cache():
 def reverse(tracr_cache):
     """make_reverse for vocab {1, 2, 3} and lengths 1-5, compiled, converted and checked
     against tracr on every input (compiled_reference raises if they disagree)."""
-    from phasewatch.probes.compiled import compiled_reference
+    from phasewatch.models.compiled import compiled_reference
     from phasewatch.tasks.tracr_programs import load_program
 
     program = load_program("reverse", [1, 2, 3], 5)

@@ -26,7 +26,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Checkpoint
 
-from phasewatch.callbacks.loggers import CheckpointStateLogger, run_folder
+from phasewatch.loggers.run_folder import CheckpointStateLogger, run_folder
 from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_now

@@ -31,7 +31,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from phasewatch.callbacks.loggers import run_folder
+from phasewatch.loggers.run_folder import run_folder
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_metrics, dense_probes
 from phasewatch.errors import require
@@ -163,7 +163,7 @@ class ProbeRunner(pl.Callback):
         previous = history[-1][1] if history else None
         if previous is None or sorted(previous) != sorted(labels):
             history.append((step, labels))
-            if previous is not None:  # a population's member is named (trainers/population.py)
+            if previous is not None:  # a population's member is named (training/population.py)
                 at = f"{member} step {step}" if member else f"step {step}"
                 print(f"phasewatch: {at}: {key.replace('_', ' ')} {_show(previous)} -> {_show(labels)}")
 

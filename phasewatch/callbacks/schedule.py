@@ -12,7 +12,8 @@ from typing import Literal
 
 import numpy as np
 
-from phasewatch.tasks.base import ConfigError, require, require_int
+from phasewatch.tasks.base import require, require_int
+from phasewatch.errors import ConfigError
 
 
 @dataclasses.dataclass

@@ -50,10 +50,10 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 
-from phasewatch.callbacks.loggers import log_event, logged_series
+from phasewatch.loggers.run_folder import log_event, logged_series
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.probes.keys import is_detail
-from phasewatch.probes.transitions import departure, detect_transitions
+from phasewatch.phases.detector import departure, detect_transitions
 from phasewatch.errors import require, require_int
 from phasewatch.rundir import is_number
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from phasewatch.tasks.base import ConfigError
+from phasewatch.errors import ConfigError
 
 
 def head_label(layer: int, head: int) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from phasewatch.tasks.base import ConfigError, Task, require, require_int
+from phasewatch.tasks.base import Task, require, require_int
+from phasewatch.errors import ConfigError
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "solu")
 NORMALIZATIONS = ("none", "LN", "LNPre", "RMS", "RMSPre")

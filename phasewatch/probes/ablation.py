@@ -275,7 +275,7 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
     copy per component (as many as fit in `max_rows` sequences), running only what comes after
     the component. The same numbers as one full pass per component and length."""
     if mode not in MODES:
-        from phasewatch.tasks.base import ConfigError
+        from phasewatch.errors import ConfigError
 
         raise ConfigError("probes.options.ablation.mode", f"unknown mode {mode!r}", f"Use one of {', '.join(MODES)}.")
     comps = components(model)

@@ -58,7 +58,7 @@ class KeyFamilies:
     headline: tuple[str, ...] = ()
 
 
-#: keys the training loop logs (trainers/module.py): losses, accuracies, the learning rate
+#: keys the training loop logs (training/module.py): losses, accuracies, the learning rate
 TRAINING = KeyFamilies(
     detail=r"^lr$",
     panels=(Panel("loss", ("train/loss", "val/loss", "val_longer/loss"), log_y=True),

@@ -47,7 +47,7 @@ from torch import Tensor
 from phasewatch.models import native_module, parameters_kept
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
-from phasewatch.tasks.base import ConfigError
+from phasewatch.errors import ConfigError
 
 #: the llc probe's defaults, calibrated on the quickstart and induction_2l runs (bench/README.md)
 DEFAULTS = {"chains": 2, "draws": 200, "burn_in": 200, "step_size": 1e-4, "gamma": 300.0, "batch_size": None}

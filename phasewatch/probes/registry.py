@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from phasewatch.plugins import import_module, load_entry_points
 from phasewatch.probes.keys import KeyFamilies, declare_keys
-from phasewatch.tasks.base import ConfigError, Task
+from phasewatch.tasks.base import Task
+from phasewatch.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

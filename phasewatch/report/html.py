@@ -10,7 +10,7 @@ Heatmap axes name what they index: heads (`L0H1`) for arrays shaped by the run's
 (composition rows: the writing head, columns: the reading head in a later layer; head scores:
 layer by head), else the names a probe saves beside the array (`<key>_labels`); pointing at a
 cell shows its names and value. The checkpoint trajectory figure is shown when the run folder
-has one (`phasewatch report` draws it first: trainers/trajectory.py). The data are embedded as
+has one (`phasewatch report` draws it first: cli/trajectory.py). The data are embedded as
 JSON and drawn by a small script on <canvas>; nothing is fetched. Every string from the run
 folder (metric keys, event fields, labels, names) is shown as text, never read as markup, and
 the page's Content-Security-Policy runs its own script only (report/page.py). Opening it as
@@ -29,7 +29,7 @@ import numpy as np
 
 from phasewatch.models import head_label
 from phasewatch.probes.keys import is_detail
-from phasewatch.probes.transitions import detect_all, lead_lag
+from phasewatch.phases.detector import detect_all, lead_lag
 from phasewatch.report.curves import panel_layout
 from phasewatch.report.heads import catalogue_array, head_catalogue, write_head_catalogue
 from phasewatch.report.page import load_array, policy, script_json

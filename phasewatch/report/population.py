@@ -1,4 +1,4 @@
-"""The report of a population (`phasewatch fit --population.seeds`, trainers/population.py):
+"""The report of a population (`phasewatch fit --population.seeds`, training/population.py):
 the members' curves overlaid, each transition's step as a distribution over the seeds, and
 a link to every member's own report.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from phasewatch.probes.keys import headline_keys
-from phasewatch.report.compare import STATISTICS, compare_runs, plot_distributions
+from phasewatch.report.cross_run import STATISTICS, compare_runs, plot_distributions
 from phasewatch.report.curves import plain, save_figure
 from phasewatch.report.page import policy
 from phasewatch.rundir import RunFolder, Series, SweepFolder, run_folders, write_atomic, write_csv

@@ -4,7 +4,8 @@
 lists them. Tasks never import a model.
 """
 
-from phasewatch.tasks.base import Batch, ConfigError, Task, make_task, register_task, task_class, task_names
+from phasewatch.tasks.base import Batch, Task, make_task, register_task, task_class, task_names
+from phasewatch.errors import ConfigError
 from phasewatch.tasks.digit_addition import DigitAddition
 from phasewatch.tasks.induction import Induction
 from phasewatch.tasks.modular_addition import ModularAddition

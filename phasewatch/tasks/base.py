@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from phasewatch.errors import ConfigError, require, require_int  # noqa: F401  (tasks raise them; re-exported)
+from phasewatch.errors import ConfigError, require, require_int
 
 
 @dataclasses.dataclass(frozen=True)

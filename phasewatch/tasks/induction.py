@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from phasewatch.tasks.base import Batch, ConfigError, Task, register_task, require, require_int, step_generator
+from phasewatch.tasks.base import Batch, Task, register_task, require, require_int, step_generator
+from phasewatch.errors import ConfigError
 
 
 @register_task("induction")

@@ -19,7 +19,8 @@ import itertools
 import types
 from typing import Any, Callable, Sequence
 
-from phasewatch.tasks.base import ConfigError, require_int
+from phasewatch.tasks.base import require_int
+from phasewatch.errors import ConfigError
 
 COMPILER_BOS = "BOS"
 COMPILER_PAD = "PAD"

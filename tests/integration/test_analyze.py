@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 from phasewatch.rundir import read_jsonl
-from phasewatch.trainers.wandb_logging import transition_summary
+from phasewatch.loggers.wandb_logger import transition_summary
 
 from . import wandb_records
 from .test_fit import TASKS
@@ -93,7 +93,7 @@ def plant_fourier_unembedding(run, path, amplitudes: dict[int, float]) -> None:
     """Give the checkpoint at `path` an unembedding whose answer classes c lie along
     sum_k a_k cos(2 pi k c / p) in one residual direction: its W_L then holds exactly the
     frequencies k, with norms in the ratio of a_k^2."""
-    from phasewatch.trainers.posthoc import load_run_module, load_weights
+    from phasewatch.cli.analyze import load_run_module, load_weights
 
     module = load_weights(load_run_module(run), path)
     p = module.task.p
@@ -115,7 +115,7 @@ def test_analyze_measures_every_checkpoint_with_the_last_checkpoints_key_frequen
     of W_L, both over twice the uniform 1/5 at p = 11); the earlier checkpoints have none."""
     import shutil
 
-    from phasewatch.trainers.posthoc import load_run_module, load_weights
+    from phasewatch.cli.analyze import load_run_module, load_weights
 
     run = tmp_path / "run"
     shutil.copytree(trained, run)
@@ -151,7 +151,7 @@ def test_analyze_measures_every_checkpoint_with_the_last_checkpoints_key_frequen
 
 
 def test_replacing_drops_the_earlier_members_of_a_per_frequency_family():
-    from phasewatch.trainers.posthoc import same_families
+    from phasewatch.cli.analyze import same_families
 
     old = {"grok/key_freq/7", "grok/excluded_loss/7", "grok/key_freq/2", "grok/restricted_loss", "val/loss",
            "heads/induction/L0H1"}

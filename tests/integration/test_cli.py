@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 REPO_CONFIGS = ["quickstart", "grokking_nanda2023", "digit_addition", "induction_2l", "reverse", "sort", "hist",
                 "induction_2l_freeze_l0", "quickstart_aux_restricted"]
@@ -73,7 +73,7 @@ def test_quickstart_config_is_the_embedded_default(capsys):
 
 
 def test_cli_start_up_imports_no_heavy_modules():
-    code = ("import sys; from phasewatch.trainers.cli import main; main(['--help']); "
+    code = ("import sys; from phasewatch.cli.main import main; main(['--help']); "
             "heavy = [m for m in ('torch', 'lightning', 'jax', 'tracr', 'transformer_lens', 'wandb') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
@@ -181,7 +181,7 @@ def test_corrupt_checkpoint_is_named_with_the_previous_one(tmp_path, capsys):
 def device_side_checks(monkeypatch):
     """The accelerator's path (fused AdamW, non-finite steps skipped on the device, read at
     logging steps), run on the CPU."""
-    from phasewatch.trainers.module import TrainModule
+    from phasewatch.training.module import TrainModule
 
     monkeypatch.setattr(TrainModule, "defer_checks", property(lambda self: True))
 

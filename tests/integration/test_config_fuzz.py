@@ -10,7 +10,7 @@ import pytest
 from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
 from phasewatch.models import ModelConfig
 from phasewatch.tasks import DigitAddition, Induction, ModularAddition, RaspTask
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 BAD_VALUES = ["-1", "abc", "[]", "1.5e300"]  # 1.5e300 is only "too large" where sizes are concerned
 

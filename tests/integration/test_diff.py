@@ -8,7 +8,7 @@ import re
 import pytest
 
 from phasewatch.rundir import RunFolder
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 from . import wandb_records
 from .test_report import open_page

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 from phasewatch.rundir import read_jsonl
 
 from . import wandb_records
@@ -231,7 +231,7 @@ def test_an_online_resume_rewinds_wandb_to_the_checkpoint_step(tmp_path, monkeyp
     import wandb
 
     from phasewatch.rundir import RunFolder
-    from phasewatch.trainers.wandb_logging import make_wandb_logger
+    from phasewatch.loggers.wandb_logger import make_wandb_logger
 
     monkeypatch.setenv("WANDB_MODE", "online")
     store = RunFolder(tmp_path / "run")

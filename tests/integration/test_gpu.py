@@ -12,7 +12,7 @@ from phasewatch.callbacks.probes import measure
 from phasewatch.probes import get_probe
 from phasewatch.probes.llc import estimate_llc
 from phasewatch.probes.registry import probe_names
-from phasewatch.trainers.posthoc import load_run_module, load_weights
+from phasewatch.cli.analyze import load_run_module, load_weights
 from phasewatch.rundir import read_jsonl
 
 from .test_fit import TASKS, fit
@@ -109,7 +109,7 @@ def test_training_on_the_device_follows_the_cpu_run(tmp_path):
 def test_a_population_on_the_device_trains_each_member_as_on_the_cpu(tmp_path, task):
     """Population training on the GPU (fused AdamW over the stack, the non-finite check at
     logging steps only): every member's metrics match the same population on the CPU."""
-    from phasewatch.trainers.cli import main
+    from phasewatch.cli.main import main
 
     from .test_population import ARGS, _values
 

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from phasewatch.rundir import RunFolder
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 TINY = ["--data.task", "ModularAddition", "--data.task.p", "11", "--model.arch.d_model", "16",
         "--model.arch.n_heads", "2", "--model.arch.d_mlp", "32", "--trainer.enable_progress_bar", "false",
@@ -324,7 +324,7 @@ def test_a_module_built_in_python_saves_hyperparameters_that_load_without_code(t
     from phasewatch.models import ModelConfig
     from phasewatch.rundir import read_checkpoint
     from phasewatch.tasks import ModularAddition
-    from phasewatch.trainers.module import TrainModule
+    from phasewatch.training.module import TrainModule
 
     module = TrainModule(task=ModularAddition(p=11, frac_train=0.5), arch=ModelConfig(d_model=16, n_heads=2, d_mlp=32))
     assert module.hparams["arch"]["d_model"] == 16

@@ -11,7 +11,7 @@ runs do.
 import math
 
 from phasewatch.rundir import read_jsonl
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 
 def fit(tmp_path, config: str, *overrides: str) -> list[dict]:

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from phasewatch.models import ModelConfig, build_model, component_parameters, register_component_hook
-from phasewatch.tasks import ConfigError, make_task
-from phasewatch.trainers.cli import main
-from phasewatch.trainers.interventions import Interventions
-from phasewatch.trainers.posthoc import load_run_module
+from phasewatch.tasks import make_task
+from phasewatch.errors import ConfigError
+from phasewatch.cli.main import main
+from phasewatch.callbacks.interventions import Interventions
+from phasewatch.cli.analyze import load_run_module
 
 BASE = ["--data.task.p", "23", "--model.arch.d_model", "32", "--model.arch.n_heads", "2", "--model.arch.d_head", "16",
         "--model.arch.d_mlp", "64", "--trainer.val_check_interval", "5", "--probes.names", "[]", "--no_wandb",
@@ -120,8 +121,8 @@ def test_an_auxiliary_loss_term_is_added_and_logged_in_the_breakdown(tmp_path):
         assert r["train/aux/excluded_loss"] < 0  # weight -0.1 times a positive loss
         assert abs(r["train/loss"] - (r["train/task_loss"] + r["train/aux/excluded_loss"])) < 1e-5
     # the term is the weighted excluded loss of the training pairs, as the probe defines it
-    from phasewatch.probes.fourier import progress_measures, training_measure
-    from phasewatch.trainers.posthoc import load_run_module
+    from phasewatch.probes.grokking import progress_measures, training_measure
+    from phasewatch.cli.analyze import load_run_module
 
     module = load_run_module(run)
     module.load_state_dict(weights(run, 5))

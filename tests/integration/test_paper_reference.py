@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from phasewatch.models import load_progress_measures_checkpoint
-from phasewatch.probes.fourier import progress_measures
+from phasewatch.probes.grokking import progress_measures
 
 CKPT = "wd_10-1_mod_addition_loss_curve.pth"
 

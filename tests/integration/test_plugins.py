@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from phasewatch.rundir import RunFolder
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 PLUGIN = Path(__file__).parent / "plugin_package"
 TINY = ["--model.arch.d_model", "16", "--model.arch.n_heads", "2", "--model.arch.d_head", "8",

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from phasewatch.rundir import read_jsonl
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 from .test_fit import TASKS, TINY
 
@@ -73,7 +73,7 @@ def test_a_crashed_population_resumes_every_member_exactly(tmp_path, monkeypatch
     """The population crashes at step 9, after last.ckpt at step 5 (checkpoints at 0 and 14
     otherwise): resumed from its own last.ckpt, every member's folder is rolled back to step
     5 and then equals the uninterrupted population's, line for line."""
-    from phasewatch.trainers import population
+    from phasewatch.training import population
 
     args = [*TASKS["induction"], *ARGS, "--trainer.max_steps", "14", "--checkpoints.last_every", "5",
             "--checkpoints.schedule", '{"kind": "list", "steps": [0, 14]}',

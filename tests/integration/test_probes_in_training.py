@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 from phasewatch.rundir import read_jsonl
 
-from phasewatch.trainers.wandb_logging import transition_summary
+from phasewatch.loggers.wandb_logger import transition_summary
 
 from . import wandb_records
 from .test_fit import TASKS, TINY, fit

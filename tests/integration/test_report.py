@@ -24,7 +24,7 @@ from PIL import Image
 
 from phasewatch.report.page import script_hash
 from phasewatch.rundir import RunFolder
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 from .test_fit import TASKS, fit
 

@@ -32,7 +32,7 @@ import pytest
 from phasewatch.report.html import write_report
 from phasewatch.report.population import write_population_report
 from phasewatch.rundir import RunFolder, append_jsonl, write_csv
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 from .test_fit import TASKS, fit
 from .test_report import open_page

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from phasewatch.trainers.cli import main
-from phasewatch.tasks.base import ConfigError
-from phasewatch.trainers.sweep import LocalSweep, command_for, load_sweep_file
+from phasewatch.cli.main import main
+from phasewatch.errors import ConfigError
+from phasewatch.cli.sweep import LocalSweep, command_for, load_sweep_file
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -198,7 +198,7 @@ def test_a_run_started_by_wandb_agent_takes_the_agents_run_id(tmp_path, monkeypa
     """`wandb agent` sets WANDB_SWEEP_ID and WANDB_RUN_ID for each run it starts; the run
     must use that id (or W&B would not count it in the sweep) and get its own folder."""
     from phasewatch.rundir import RunFolder, default_run_dir
-    from phasewatch.trainers.wandb_logging import make_wandb_logger
+    from phasewatch.loggers.wandb_logger import make_wandb_logger
 
     monkeypatch.setenv("WANDB_SWEEP_ID", "sw33p")
     monkeypatch.setenv("WANDB_RUN_ID", "agentrun1")
@@ -233,7 +233,7 @@ class Missing:
 
 sys.meta_path.insert(0, Missing())
 sys.argv[0] = "phasewatch"
-from phasewatch.trainers.cli import console_main
+from phasewatch.cli.main import console_main
 console_main()
 """
 
@@ -252,7 +252,7 @@ def test_a_missing_requirement_of_the_sweep_engine_is_named_with_the_install_lin
 
 def test_an_empty_wandb_mode_variable_means_unset(tmp_path, monkeypatch):
     from phasewatch.rundir import RunFolder
-    from phasewatch.trainers.wandb_logging import make_wandb_logger
+    from phasewatch.loggers.wandb_logger import make_wandb_logger
 
     monkeypatch.setenv("WANDB_MODE", "")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

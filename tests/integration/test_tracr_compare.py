@@ -6,8 +6,8 @@ import torch
 
 from phasewatch.models import ModelConfig, build_model
 from phasewatch.probes.ablation import ablation_probe
-from phasewatch.probes.tracr_match import tracr_probe
-from phasewatch.tasks import ConfigError
+from phasewatch.probes.tracr import tracr_probe
+from phasewatch.errors import ConfigError
 from phasewatch.tasks.rasp import RaspTask
 
 
@@ -293,7 +293,7 @@ def test_a_causal_model_cannot_be_compared_with_a_non_causal_program(reverse, ta
 def test_comparison_during_training_fills_the_run_folder_and_report(tmp_path):
     from phasewatch.report.html import _arrays
     from phasewatch.rundir import RunFolder
-    from phasewatch.trainers.cli import main
+    from phasewatch.cli.main import main
     from phasewatch.rundir import read_jsonl
 
     run = tmp_path / "run"

@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from phasewatch.tasks import ConfigError
+from phasewatch.errors import ConfigError
 from phasewatch.tasks.tracr_programs import COMPILER_BOS, PROGRAMS, compile_program, load_program
-from phasewatch.probes.compiled import compiled_reference, reference_from_compiled
+from phasewatch.models.compiled import compiled_reference, reference_from_compiled
 
 
 def outputs(program, bridge):
@@ -43,7 +43,7 @@ def test_layout_is_the_known_reverse_circuit(reverse):
 
 def test_cached_reference_loads_without_jax(reverse):
     program, bridge, _, cache = reverse
-    code = (f"import sys, types, torch; from phasewatch.probes.compiled import compiled_reference; "
+    code = (f"import sys, types, torch; from phasewatch.models.compiled import compiled_reference; "
             f"p = types.SimpleNamespace(name='reverse', vocab=(1, 2, 3), max_seq_len=5, categorical=True); "
             f"b, _ = compiled_reference(p, cache_dir={str(cache)!r}); "
             f"assert 'jax' not in sys.modules and 'tracr' not in sys.modules, 'imported JAX'; "
@@ -123,7 +123,7 @@ def test_layout_tables_each_variables_residual_dimensions(reverse):
 
 
 def test_compile_command_prints_the_residual_table(reverse, capsys):
-    from phasewatch.trainers.cli import main
+    from phasewatch.cli.main import main
 
     _, _, _, cache = reverse
     assert main(["compile", "reverse", "--vocab", "[1, 2, 3]", "--max-seq-len", "5", "--cache-dir", str(cache)]) == 0

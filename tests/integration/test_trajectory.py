@@ -8,7 +8,7 @@ import numpy as np
 import yaml
 
 from phasewatch.rundir import RunFolder
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 
 
 def test_trajectory_of_a_run_and_its_place_in_the_report(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from phasewatch.trainers.cli import main
+from phasewatch.cli.main import main
 from phasewatch.rundir import read_jsonl
 
 pytestmark = pytest.mark.slow

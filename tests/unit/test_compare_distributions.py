@@ -5,7 +5,7 @@ import csv
 
 import numpy as np
 
-from phasewatch.report.compare import compare_command, distributions, is_seed
+from phasewatch.report.cross_run import compare_command, distributions, is_seed
 
 
 def test_seed_keys_are_the_seeds_and_nothing_else():

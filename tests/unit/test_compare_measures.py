@@ -1,9 +1,9 @@
-"""Known answers for the learned-vs-compiled measures (probes/tracr_match.py)."""
+"""Known answers for the learned-vs-compiled measures (probes/tracr.py)."""
 
 import pytest
 import torch
 
-from phasewatch.probes.tracr_match import attention_match, cka_matrix, cka_side, linear_cka, pattern_overlap, probe_accuracy, site_name
+from phasewatch.probes.tracr import attention_match, cka_matrix, cka_side, linear_cka, pattern_overlap, probe_accuracy, site_name
 
 
 def test_pattern_overlap_is_one_for_equal_patterns_and_the_target_mass_for_one_hot():

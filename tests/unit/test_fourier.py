@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from phasewatch.probes import get_probe
-from phasewatch.probes.fourier import (
+from phasewatch.probes.grokking import (
     _ce, all_logits, check_key_freqs, check_modulus, final_options, fourier_basis, frequency_norms,
     hurley_rickard_gini, key_directions, key_frequencies, model_key_frequencies, progress_measures, project,
 )
-from phasewatch.probes.transitions import detect_transitions
-from phasewatch.tasks import ConfigError, make_task
+from phasewatch.phases.detector import detect_transitions
+from phasewatch.tasks import make_task
+from phasewatch.errors import ConfigError
 
 
 class FourierLogitModel(torch.nn.Module):

@@ -66,9 +66,8 @@ def test_no_file_name_of_the_run_folder_is_spelled_outside_rundir():
 
 
 #: DESIGN.md's layers, lowest first: a module imports its own layer and lower ones only.
-#: `trainers` (the older home of training and the commands) sits with cli until it is dissolved.
 LAYERS = {"rundir": 0, "models": 0, "tasks": 0, "probes": 1, "phases": 1, "diff": 1, "callbacks": 2, "loggers": 2,
-          "report": 2, "training": 3, "cli": 4, "trainers": 4}
+          "report": 2, "training": 3, "cli": 4}
 #: third-party packages a layer must not import (anywhere in its modules, lazily included)
 FORBIDDEN = {"probes": {"lightning", "wandb"}, "phases": {"lightning", "wandb", "torch"}, "tasks": {"lightning", "wandb"},
              "rundir": {"lightning", "wandb", "transformer_lens"}}

@@ -5,7 +5,8 @@ import torch
 
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.models import ModelConfig, build_model, fresh_like, native_module
-from phasewatch.tasks import ConfigError, make_task
+from phasewatch.tasks import make_task
+from phasewatch.errors import ConfigError
 
 
 def test_task_defaults_fill_unset_fields_and_explicit_values_win():

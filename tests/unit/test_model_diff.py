@@ -1,4 +1,4 @@
-"""Known answers for the diff of two models (probes/model_diff.py): a model against itself,
+"""Known answers for the diff of two models (diff/model_diff.py): a model against itself,
 a model with one head taken from another, patching every component, and direct logit
 attribution on a hand-built model and on random ones with and without a final norm."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from phasewatch.models import ModelConfig, build_model
-from phasewatch.probes.model_diff import (diff_components, direct_logit_attribution, model_diff, patched_logits)
+from phasewatch.diff.model_diff import (diff_components, direct_logit_attribution, model_diff, patched_logits)
 from phasewatch.tasks import make_task
-from phasewatch.tasks.base import ConfigError
+from phasewatch.errors import ConfigError
 
 
 def _pair(task, seeds=(1, 2), **arch):

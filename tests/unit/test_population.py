@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from phasewatch.models import ModelConfig, native_module
-from phasewatch.tasks.base import ConfigError, masked_loss
+from phasewatch.tasks.base import masked_loss
+from phasewatch.errors import ConfigError
 from phasewatch.tasks.induction import Induction
-from phasewatch.trainers.module import TrainModule
-from phasewatch.trainers.population import PopulationModule, member_config, parse_seeds
+from phasewatch.training.module import TrainModule
+from phasewatch.training.population import PopulationModule, member_config, parse_seeds
 
 
 @pytest.mark.parametrize("spec, seeds", [(3, [0, 1, 2]), ("4", [0, 1, 2, 3]), ("0-3", [0, 1, 2, 3]),
@@ -83,7 +84,7 @@ def test_the_vectorised_step_gives_each_member_its_own_loss_and_gradient(shared)
     alone = [copy.deepcopy(native_module(m.model)) for m in members]
     population = PopulationModule(members, shared_data=shared)
     batches = [t.train_batch(0, None) for t in (tasks[:1] * 3 if shared else tasks)]
-    from phasewatch.trainers.population import stack_batches
+    from phasewatch.training.population import stack_batches
 
     out = population._member_outputs(batches[0] if shared else stack_batches(batches))
     out["loss"].sum().backward()
@@ -119,7 +120,7 @@ def test_a_member_alone_with_vectorised_repeats_its_population_step_bit_for_bit(
     alone.hparams["vectorised"] = "shared" if shared else "own"
     population = PopulationModule(members, shared_data=shared)
     batches = [t.train_batch(0, None) for t in (tasks[:1] * 3 if shared else tasks)]
-    from phasewatch.trainers.population import stack_batches
+    from phasewatch.training.population import stack_batches
 
     out = population._member_outputs(batches[0] if shared else stack_batches(batches))
     out["loss"].sum().backward()

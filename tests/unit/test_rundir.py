@@ -34,7 +34,7 @@ def test_a_full_disk_is_refused_before_training(tmp_path):
 
     import pytest
 
-    from phasewatch.tasks import ConfigError
+    from phasewatch.errors import ConfigError
 
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(ConfigError, match="MiB free on the disk"):
@@ -50,7 +50,7 @@ def test_post_hoc_transitions_replace_earlier_events_of_the_same_series(tmp_path
 
     import numpy as np
 
-    from phasewatch.trainers.posthoc import record_transitions
+    from phasewatch.cli.analyze import record_transitions
 
     store = RunFolder(tmp_path)
     store.create()

@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from phasewatch.tasks import ConfigError, Task, make_task, register_task, task_names
+from phasewatch.tasks import Task, make_task, register_task, task_names
+from phasewatch.errors import ConfigError
 from phasewatch.tasks.digit_addition import EQUALS, PLUS
 
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from phasewatch.trainers.trajectory import pca_2d
+from phasewatch.cli.trajectory import pca_2d
 
 
 def test_an_l_shaped_path_comes_out_as_two_perpendicular_segments():

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from phasewatch.probes.transitions import detect_transitions, lead_lag
+from phasewatch.phases.detector import detect_transitions, lead_lag
 from phasewatch.rundir import load_series
 
 LOG_STEPS = np.unique(np.round(np.geomspace(1, 20000, 300)))
@@ -367,7 +367,7 @@ def test_the_probe_runner_keeps_which_probe_logs_which_series_across_a_resume():
 
 def _departures(steps, values, start=5):
     """The departure test at every prefix of a series (a look after each logged point)."""
-    from phasewatch.probes.transitions import departure
+    from phasewatch.phases.detector import departure
 
     return [(int(steps[n - 1]), d) for n in range(start, len(steps) + 1)
             if (d := departure(steps[:n], values[:n], "x")) is not None]
@@ -654,7 +654,7 @@ def test_the_departure_bar_is_the_users_choice():
     naming the option."""
     from phasewatch.callbacks.transitions import TransitionWatcher
     from phasewatch.errors import ConfigError
-    from phasewatch.probes.transitions import departure
+    from phasewatch.phases.detector import departure
 
     steps = np.arange(25, 1001, 25)
     values = 1 + np.random.default_rng(0).normal(0, 0.02, len(steps))

@@ -4,7 +4,7 @@ encoding is decodable by LDA and logistic probes and not by a least-squares one.
 import pytest
 import torch
 
-from phasewatch.probes.tracr_match import CLASSIFIERS, _standardised, lda_probe_accuracy, logistic_probe_accuracy, probe_accuracy
+from phasewatch.probes.tracr import CLASSIFIERS, _standardised, lda_probe_accuracy, logistic_probe_accuracy, probe_accuracy
 
 
 def _length_from_bos_share(n_max: int = 6, repeats: int = 40):

@@ -44,9 +44,9 @@ from phasewatch.callbacks.probes import frozen_copy, measure, record_results
 from phasewatch.probes import check_options, get_probe
 from phasewatch.probes.keys import is_detail
 from phasewatch.rundir import RunFolder, is_number, read_checkpoint
-from phasewatch.tasks.base import ConfigError
-from phasewatch.trainers.lightning_cli import load_run_config
-from phasewatch.trainers.module import TrainModule
+from phasewatch.errors import ConfigError
+from phasewatch.training.lightning_cli import load_run_config
+from phasewatch.training.module import TrainModule
 
 
 def load_run_module(run_dir: str | os.PathLike, allow: tuple[str, ...] = ()) -> TrainModule:
@@ -129,7 +129,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     name, besides phasewatch's and the installed plug-ins'."""
     from tqdm import tqdm
 
-    from phasewatch.trainers.wandb_logging import make_analysis_logger
+    from phasewatch.loggers.wandb_logger import make_analysis_logger
 
     store = RunFolder(run_dir)
     on = resolve_device(device)
@@ -210,7 +210,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
 def record_transitions(store: RunFolder, keys: set[str]) -> list[dict]:
     """Detect transitions in the watched ones among `keys` and put them in the run's events
     in place of any earlier events of those keys; returns them (each also printed)."""
-    from phasewatch.probes.transitions import detect_all
+    from phasewatch.phases.detector import detect_all
 
     watched = {k: v for k, v in store.series().items() if k in keys and not is_detail(k)}
     events = detect_all(watched)  # offline detection: no detected_at (DESIGN.md)

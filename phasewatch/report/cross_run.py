@@ -7,7 +7,7 @@
 Use it after a sweep to read off, e.g., the grokking step per weight decay and training
 fraction. Hyperparameters are a sweep's parameters (from its state file), or else
 every config value that differs between the runs given. Transitions are detected
-offline on each run's full metrics (probes/transitions.py, the detector
+offline on each run's full metrics (phases/detector.py, the detector
 `phasewatch phases` uses) in the headline keys the probes declare (probes/keys.py), or in
 `--keys`; a cell holds the midpoint step of the largest transition of that series in that
 direction, empty when there is none. Writes `<out>.csv` and
@@ -85,7 +85,7 @@ def compare_runs(runs: list[tuple[Path, dict[str, Any]]], series: list[Series],
     """`compare`'s table for `runs` (as `find_runs` gives them) whose series the caller has
     already read (`series[i]`: `RunFolder(runs[i][0]).series()`), so that they are read once
     (the population report also plots them)."""
-    from phasewatch.probes.transitions import detect_all
+    from phasewatch.phases.detector import detect_all
 
     params = hyperparameters(runs)
     present = {k for s in series for k in s}

@@ -11,7 +11,7 @@ import warnings
 
 import lightning.pytorch as pl
 
-from phasewatch.callbacks.loggers import run_folder
+from phasewatch.loggers.run_folder import run_folder
 from phasewatch.report.html import write_report
 
 

@@ -29,17 +29,17 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
-from phasewatch.callbacks.loggers import RunFolderLogger
+from phasewatch.loggers.run_folder import RunFolderLogger
 from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.plugins import check_trusted, named_modules, only_trusted_imports
 from phasewatch.probes import check_options, default_probes, get_probe
-from phasewatch.report.live import LiveReport
+from phasewatch.callbacks.live_report import LiveReport
 from phasewatch.rundir import RunFolder, default_run_dir, read_checkpoint
-from phasewatch.tasks.base import ConfigError
-from phasewatch.trainers.interventions import Interventions
-from phasewatch.trainers.module import TaskDataModule, TrainModule
-from phasewatch.trainers.wandb_logging import make_wandb_logger
+from phasewatch.errors import ConfigError
+from phasewatch.callbacks.interventions import Interventions
+from phasewatch.training.module import TaskDataModule, TrainModule
+from phasewatch.loggers.wandb_logger import make_wandb_logger
 
 
 class TrainingProgressBar(TQDMProgressBar):
@@ -76,7 +76,7 @@ class PhasewatchCLI(LightningCLI):
         parser.add_argument("--wandb_project", type=str, default="phasewatch", help="W&B project name.")
         parser.add_argument("--population.seeds", type=int | str | list[int] | None, default=None,
                             help="Train one member per seed in one process (a count: 16, a range: 0-15, a list: "
-                                 "1,4,9), each in its own run folder <run_dir>/m00, ... (trainers/population.py).")
+                                 "1,4,9), each in its own run folder <run_dir>/m00, ... (training/population.py).")
         parser.add_argument("--population.vary_data", type=bool | None, default=None,
                             help="Give member k the data seed k as well (default: when the task samples its "
                                  "training batches, not for full-batch tasks).")
@@ -174,11 +174,11 @@ class PhasewatchCLI(LightningCLI):
 
     def _population_trainer(self, cfg: Namespace, store: RunFolder, kwargs: dict[str, Any]):
         """The trainer of `--population.seeds`: every member built by this parser from its own
-        config (trainers/population.py), trained as one PopulationModule."""
+        config (training/population.py), trained as one PopulationModule."""
         from lightning.pytorch import seed_everything
 
         from phasewatch.rundir import member_name
-        from phasewatch.trainers.population import (MemberCallbacks, PopulationData, PopulationModule, member_config,
+        from phasewatch.training.population import (MemberCallbacks, PopulationData, PopulationModule, member_config,
                                                     parse_seeds)
 
         seeds = parse_seeds(cfg.population.seeds)

@@ -17,7 +17,7 @@ the search goes on from there. The sweep folder keeps each run's output (`SweepF
 
 Packing (`--pack`, on by default when it applies): in a grid sweep over `seed_everything`, the
 grid points that differ only in that seed train as one population (`phasewatch fit
---population.seeds`, trainers/population.py) in one process, `DIR/<name>-pack-NNN`, whose
+--population.seeds`, training/population.py) in one process, `DIR/<name>-pack-NNN`, whose
 member `m03` is the run folder of the fourth seed's grid point (its `folder` in the state
 file; `phasewatch compare` finds it there). Each member has exactly the configuration of its
 grid point: the data seed stays the grid point's (`--population.vary_data false`).
@@ -50,7 +50,7 @@ from phasewatch.rundir import (
     member_name,
     pid_alive,
 )
-from phasewatch.tasks.base import ConfigError
+from phasewatch.errors import ConfigError
 
 #: the sweep parameter that a population varies (packing)
 SEED = "seed_everything"
@@ -395,7 +395,7 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-#: what a population refuses (trainers/population.py), as (setting, whether a value sets it):
+#: what a population refuses (training/population.py), as (setting, whether a value sets it):
 #: a sweep that sets one of them does not pack
 UNPACKABLE = {
     "interventions": lambda v: bool(v.get("items") if isinstance(v, dict) else v),

@@ -1,6 +1,6 @@
 """tracr's compiled transformer of a RASP program, as a TransformerLens 4 bridge.
 
-The reference that the `tracr` comparison probe (probes/tracr_match.py) and `phasewatch
+The reference that the `tracr` comparison probe (probes/tracr.py) and `phasewatch
 compile` measure against: compiled once, converted by TransformerLens's tracr converter
 (phasewatch.models), checked against tracr's own outputs, described (what each layer
 writes; each RASP variable's residual dimensions and the values they encode), cached on
@@ -14,7 +14,7 @@ import os
 import torch
 
 from phasewatch.models import bridge_from_saved, bridge_from_tracr, layer_output_weights, saved_config
-from phasewatch.tasks.base import ConfigError
+from phasewatch.errors import ConfigError
 
 
 def default_cache_dir() -> str:

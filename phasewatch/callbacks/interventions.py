@@ -19,7 +19,7 @@
 
 - `aux_loss`: while the step is in [start, end), `weight` x a progress measure of
   modular addition (`measure`: excluded_loss or restricted_loss, both on the training
-  pairs; probes/fourier.py: training_measure) is added to the training loss; logged as
+  pairs; probes/grokking.py: training_measure) is added to the training loss; logged as
   `train/aux/<measure>` (weight included; 0 outside the window) beside `train/task_loss`. A negative weight
   pushes the measure up (e.g. -0.1 on excluded_loss works against the Fourier circuit).
 
@@ -37,10 +37,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from phasewatch.callbacks.loggers import run_folder
+from phasewatch.loggers.run_folder import run_folder
 from phasewatch.models import build_model, component_parameters, parse_component, register_component_hook
-from phasewatch.probes.fourier import training_measure
-from phasewatch.tasks.base import ConfigError, require, require_int
+from phasewatch.probes.grokking import training_measure
+from phasewatch.tasks.base import require, require_int
+from phasewatch.errors import ConfigError
 
 KINDS = ("freeze", "ablate", "reinit", "aux_loss")
 

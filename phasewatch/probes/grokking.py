@@ -40,7 +40,7 @@ from torch import Tensor
 from phasewatch.models import native_module
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
-from phasewatch.tasks.base import ConfigError
+from phasewatch.errors import ConfigError
 from phasewatch.tasks.modular_addition import ModularAddition, is_prime
 
 KEY_FACTOR = 2.0  # a key frequency carries > 2x the share it would have if all were equal

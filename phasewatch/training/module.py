@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 from phasewatch.models import ModelConfig, build_model, native_module, parameters_kept
-from phasewatch.tasks.base import Batch, ConfigError, Task, masked_loss, masked_loss_and_acc, require, require_int  # noqa: F401
+from phasewatch.errors import ConfigError, require, require_int  # noqa: F401
+from phasewatch.tasks.base import Batch, Task, masked_loss, masked_loss_and_acc
 
 
 #: device copies of recently served batches kept by TrainModule.transfer_batch_to_device
@@ -155,7 +156,7 @@ class TrainModule(pl.LightningModule):
         self._first_nonfinite: torch.Tensor | None = None
         self._resident: dict[int, tuple[Batch, Batch]] = {}  # host batch id -> (host batch, device copy)
         # auxiliary loss terms: callables (module) -> {name: weighted scalar tensor}, added
-        # to the training loss (trainers/interventions.py's aux_loss)
+        # to the training loss (callbacks/interventions.py's aux_loss)
         self.aux_terms: list = []
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -335,7 +336,7 @@ def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor],
     member dimension), `torch.func.vmap` of `functional_call`: per member, the mean loss over
     answer tokens `loss` and, with `counts`, `loss_sum`, `tokens`, `correct` and `seq_ok`.
     `batch` is one batch for every member (`shared`) or the members' batches stacked. The
-    population's step (trainers/population.py), and a member's re-run alone (`vectorised`)."""
+    population's step (training/population.py), and a member's re-run alone (`vectorised`)."""
     from torch.func import functional_call, vmap
 
     def one(params, tokens, targets, mask):

@@ -31,7 +31,7 @@ import torch
 
 from phasewatch.probes.keys import headline_keys
 from phasewatch.rundir import RunFolder
-from phasewatch.tasks.base import ConfigError
+from phasewatch.errors import ConfigError
 
 KINDS = ("logits", "weights")
 
@@ -47,7 +47,7 @@ def checkpoint_vectors(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KIND
     if len(steps) < 3:
         raise ConfigError("run_dir", f"{run_dir} has {len(steps)} saved checkpoints; a trajectory needs at least 3",
                           "Train with a checkpoint schedule (the default keeps 30 log-spaced ones).")
-    from phasewatch.trainers.posthoc import load_run_module, load_weights  # lightning: only when drawing
+    from phasewatch.cli.analyze import load_run_module, load_weights  # lightning: only when drawing
 
     module = load_run_module(run_dir, allow)
     batches = module.task.val_batches() if "logits" in kinds else []
@@ -114,7 +114,7 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
-    from phasewatch.probes.transitions import detect_all
+    from phasewatch.phases.detector import detect_all
     from phasewatch.report.curves import save_figure
 
     folder = RunFolder(run_dir)

@@ -1,4 +1,4 @@
-"""`phasewatch diff`: the diff of two models of the same structure (probes/model_diff.py).
+"""`phasewatch diff`: the diff of two models of the same structure (diff/model_diff.py).
 
     phasewatch diff runs/x@1200 runs/x@last          # one run, two steps
     phasewatch diff runs/seed0 runs/seed1            # two runs (their last checkpoints)
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from phasewatch.rundir import RunFolder, write_csv
-from phasewatch.tasks.base import ConfigError
+from phasewatch.errors import ConfigError
 
 COLUMNS = ["component", "kind", "weight_abs", "weight_rel", "qk_abs", "qk_rel", "ov_abs", "ov_rel", "act_rms",
            "act_rel", "dla_a", "dla_b", "dla_diff", "patched_loss_a", "patch_b_into_a", "patched_loss_b", "patch_a_into_b"]
@@ -63,7 +63,7 @@ def across_transition(run: Path, series: str) -> tuple[str, str, dict[str, Any]]
     """The steps of the run's checkpoints that bracket the largest transition detected in
     `series` (the newest at or before its onset, the oldest at or after its end), and the
     transition."""
-    from phasewatch.probes.transitions import detect_all
+    from phasewatch.phases.detector import detect_all
 
     folder = RunFolder(run)
     folder.require_metrics()
@@ -90,7 +90,7 @@ def load_model(spec: str, allow: tuple[str, ...] = (), field: str = "A"):
     """(bridge, task, run folder or None, label) for a model spec (parse_model_spec)."""
     path, step = parse_model_spec(spec)
     if path.is_dir():
-        from phasewatch.trainers.posthoc import load_run_module, load_weights
+        from phasewatch.cli.analyze import load_run_module, load_weights
 
         ckpt, label = checkpoint_of(path, step, field)
         module = load_run_module(path, allow)
@@ -141,7 +141,7 @@ def diff_command(argv: list[str]) -> int:
         print(f"{args.across}: transition {event['direction']} {event['onset']}-{event['midpoint']}-{event['end']} "
               f"(magnitude {event['magnitude']:.3g}); diffing the checkpoints of steps {before} and {after}")
         spec_a, spec_b = f"{args.a}@{before}", f"{args.a}@{after}"
-    from phasewatch.probes.model_diff import model_diff
+    from phasewatch.diff.model_diff import model_diff
 
     a, task, run_a, label_a = load_model(spec_a, tuple(args.allow))
     b, _, _, label_b = load_model(spec_b, tuple(args.allow), "B")
@@ -164,7 +164,7 @@ def log_to_wandb(folder: RunFolder, name: str, spec_a: str, spec_b: str, rows: l
     """The diff's two tables as W&B Tables (`diff/components`, `diff/inputs`) in a new W&B
     run beside A's training run (`<run>-diff-<name>`, job type `diff`); nothing when W&B is
     disabled or the run was trained without it."""
-    from phasewatch.trainers.wandb_logging import make_side_logger
+    from phasewatch.loggers.wandb_logger import make_side_logger
 
     logger = make_side_logger(folder, folder.read_config(), "diff", f"diff-{name}", {"a": spec_a, "b": spec_b})
     if logger is None:

@@ -2,7 +2,7 @@
 them carry the difference in what the models do.
 
 Use it on the same run before and after a phase transition, or on two seeds of one
-configuration (`phasewatch diff`, trainers/diff.py). For every component (`embed`,
+configuration (`phasewatch diff`, cli/diff.py). For every component (`embed`,
 `pos_embed`, each head `L<l>H<h>`, each layer's `L<l>.attn` and `L<l>.mlp`, `unembed`) and
 every residual-stream site (`resid_pre.L<l>`, `resid_final`), `model_diff` measures, on a
 sample of the task's held-out data (at most `per_length` sequences of each held-out batch,
@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from phasewatch.models import component_parameters
-from phasewatch.tasks.base import Batch, ConfigError, Task
+from phasewatch.tasks.base import Batch, Task
+from phasewatch.errors import ConfigError
 
 STRUCTURE = ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab", "d_vocab_out", "n_ctx", "attn_only",
              "normalization_type", "act_fn", "attention_dir")

@@ -57,7 +57,8 @@ from phasewatch.models import native_module
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.probes.residual import ResidualPass
-from phasewatch.tasks.base import Batch, ConfigError, Task, mask_kwargs, padded
+from phasewatch.tasks.base import Batch, Task, mask_kwargs, padded
+from phasewatch.errors import ConfigError
 
 _REFERENCES: dict[tuple, tuple] = {}
 _BASELINES: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[str, float]]]" = weakref.WeakKeyDictionary()
@@ -369,7 +370,7 @@ def reference_run(reference, batches: list[Batch]) -> tuple[list[Tensor], list[T
 def compiled_for(task: Task, cache_dir: str | None = None):
     """The task's compiled reference bridge and layout (compiled once per process and
     cached on disk)."""
-    from phasewatch.probes.compiled import compiled_reference, default_cache_dir
+    from phasewatch.models.compiled import compiled_reference, default_cache_dir
 
     program = task.program
     cache_dir = cache_dir or default_cache_dir()

@@ -41,7 +41,7 @@ def _lightning_cli(argv: list[str]) -> int:
     what a finished one would (its report and trajectory, from what was written; last.ckpt
     at the step SIGTERM stopped it) and ends with one line saying where it stopped and how to
     resume it, with the status a shell gives a command killed by that signal (143, 130)."""
-    from phasewatch.trainers.lightning_cli import Interrupted, run_lightning_cli
+    from phasewatch.training.lightning_cli import Interrupted, run_lightning_cli
 
     try:
         store = run_lightning_cli(argv)
@@ -74,12 +74,12 @@ def _finish_fit(store, interrupted: bool = False) -> None:
 
 
 def _draw_trajectory(store, always: bool = False) -> None:
-    """The run's trajectory through its checkpoints (trainers/trajectory.py), drawn once a
+    """The run's trajectory through its checkpoints (cli/trajectory.py), drawn once a
     fit has ended, and the run's report written again with it (`always`: whether drawn or not,
     e.g. after an interrupted fit, whose last report was a live one)."""
     from phasewatch.report.html import write_report
-    from phasewatch.tasks.base import ConfigError
-    from phasewatch.trainers.trajectory import current_trajectory
+    from phasewatch.errors import ConfigError
+    from phasewatch.cli.trajectory import current_trajectory
 
     try:
         drawn = current_trajectory(store.root)
@@ -130,7 +130,7 @@ def plot_command(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--out", default=None, help="PNG path (default: the run folder's figures)")
     args = parser.parse_args(argv)
-    from phasewatch.report.comparison import plot_comparison
+    from phasewatch.report.tracr_figure import plot_comparison
     from phasewatch.report.curves import plot_run
 
     try:
@@ -145,7 +145,7 @@ def plot_command(argv: list[str]) -> int:
 
 
 def analyze_command(argv: list[str]) -> int:
-    """`analyze RUN_DIR --probes ...` (a run folder: trainers/posthoc.py) or `analyze FILE.pth`
+    """`analyze RUN_DIR --probes ...` (a run folder: cli/analyze.py) or `analyze FILE.pth`
     (a checkpoint of the grokking paper's code)."""
     import argparse
 
@@ -177,7 +177,7 @@ def analyze_command(argv: list[str]) -> int:
             print("phasewatch: error: probes: analyze RUN_DIR needs the probes to run. Give e.g. --probes llc.",
                   file=sys.stderr)
             return 2
-        from phasewatch.trainers.posthoc import analyze_run_command
+        from phasewatch.cli.analyze import analyze_run_command
 
         return analyze_run_command(args)
     if args.probes or args.options or args.replace or args.no_wandb or args.allow or args.device != "auto":
@@ -191,7 +191,7 @@ def analyze_command(argv: list[str]) -> int:
     import torch
     import torch.nn.functional as F
 
-    from phasewatch.probes.fourier import progress_measures
+    from phasewatch.probes.grokking import progress_measures
     from phasewatch.models import load_progress_measures_checkpoint
 
     try:
@@ -235,7 +235,7 @@ def phases_command(argv: list[str]) -> int:
     parser.add_argument("--trends", action="store_true",
                         help="also list the steady changes that are not transitions (kind 'trend', docs/phases.md)")
     args = parser.parse_args(argv)
-    from phasewatch.probes.transitions import DetectorConfig, detect_all, lead_lag
+    from phasewatch.phases.detector import DetectorConfig, detect_all, lead_lag
     from phasewatch.rundir import load_series
 
     try:
@@ -292,8 +292,8 @@ def report_command(argv: list[str]) -> int:
     from phasewatch.report.curves import plot_run
     from phasewatch.report.html import write_report
     from phasewatch.report.population import is_population, write_population_report
-    from phasewatch.tasks.base import ConfigError
-    from phasewatch.trainers.trajectory import current_trajectory
+    from phasewatch.errors import ConfigError
+    from phasewatch.cli.trajectory import current_trajectory
 
     if is_population(args.run_dir):  # the members' curves overlaid, their transition steps as distributions
         print(write_population_report(args.run_dir, args.out))
@@ -328,9 +328,9 @@ def compile_command(argv: list[str]) -> int:
                         help="compiled-model cache (default: $PHASEWATCH_TRACR_CACHE or ~/.cache/phasewatch/tracr)")
     args = parser.parse_args(argv)
     from phasewatch.tasks.tracr_programs import load_program
-    from phasewatch.probes.compiled import compiled_reference, describe_layout
+    from phasewatch.models.compiled import compiled_reference, describe_layout
 
-    from phasewatch.tasks.base import ConfigError
+    from phasewatch.errors import ConfigError
 
     try:
         vocab = json.loads(args.vocab) if args.vocab else None
@@ -353,10 +353,10 @@ COMMANDS = {
     "phases": (__name__, "phases_command"),
     "report": (__name__, "report_command"),
     "compile": (__name__, "compile_command"),
-    "sweep": ("phasewatch.trainers.sweep", "sweep_command"),
-    "compare": ("phasewatch.report.compare", "compare_command"),
-    "trajectory": ("phasewatch.trainers.trajectory", "trajectory_command"),
-    "diff": ("phasewatch.trainers.diff", "diff_command"),
+    "sweep": ("phasewatch.cli.sweep", "sweep_command"),
+    "compare": ("phasewatch.report.cross_run", "compare_command"),
+    "trajectory": ("phasewatch.cli.trajectory", "trajectory_command"),
+    "diff": ("phasewatch.cli.diff", "diff_command"),
 }
 
 
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    from phasewatch.tasks.base import ConfigError
+    from phasewatch.errors import ConfigError
 
     try:
         if argv[0] in ("fit", "validate"):

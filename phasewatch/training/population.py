@@ -49,8 +49,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from phasewatch.models import native_module
 from phasewatch.rundir import RunFolder, member_name
-from phasewatch.tasks.base import Batch, ConfigError
-from phasewatch.trainers.module import TaskDataModule, TrainModule, adamw_with_warmup, vectorised_outputs
+from phasewatch.tasks.base import Batch
+from phasewatch.errors import ConfigError
+from phasewatch.training.module import TaskDataModule, TrainModule, adamw_with_warmup, vectorised_outputs
 
 
 def parse_seeds(spec: object) -> list[int]:

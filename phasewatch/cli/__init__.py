@@ -1,0 +1,1 @@
+"""The command line: the dispatcher (main.py) and one module per command."""

@@ -1,0 +1,1 @@
+"""Model diff: two models -> their differences."""

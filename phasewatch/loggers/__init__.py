@@ -1,0 +1,1 @@
+"""Loggers: the run folder's logger and the W&B logger."""

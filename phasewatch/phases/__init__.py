@@ -1,0 +1,1 @@
+"""Phases: series -> events (the transition detector, the departure test, lead/lag). Numpy only."""
