@@ -23,7 +23,9 @@ KeySpec = Union[str, tuple, re.Pattern]
 
 @dataclasses.dataclass(frozen=True)
 class Panel:
-    """One panel of the report and of `phasewatch plot`: a title, its keys and its y scale."""
+    """One panel of the report and of `phasewatch plot`: a title, its keys and its y scale.
+    `log_y` also declares the scale its keys are watched on for transitions (`declared_scale`):
+    losses, which fall by orders of magnitude, on a log axis and in log10 of their values."""
 
     title: str
     keys: KeySpec
@@ -128,3 +130,11 @@ def hidden(key: str) -> bool:
 def headline_keys() -> list[str]:
     """The headline keys, in declaration order."""
     return list(dict.fromkeys(k for f in _FAMILIES.values() for k in f.headline))
+
+
+def declared_scale(key: str) -> str | None:
+    """The scale `key` is watched on, as declared (phases/scale.py `watch_scale` decides the
+    rest): "log" when the first declared panel that takes it draws it on a log axis, "linear"
+    when that panel does not, None when no panel takes it."""
+    panel = next((p for p in panels() if p.matches(key)), None)
+    return None if panel is None else "log" if panel.log_y else "linear"
