@@ -5,6 +5,7 @@ runs/<name>/
   config.yaml          the fully resolved configuration (re-runnable)
   metrics.jsonl        {"step": int, "<key>": number, ...} per line, flushed as logged
   events.jsonl         phase-transition events, one per line
+  stages.jsonl         the run's stages (several series changing together), one per line
   interventions.jsonl  the interventions the run was trained with
   analyses.jsonl       one line per `phasewatch analyze` of the run
   checkpoints/         step=<N>.ckpt on the schedule (N zero-padded to 7 digits), plus last.ckpt
@@ -154,6 +155,7 @@ class RunFolder:
     config = property(lambda self: self.root / "config.yaml")
     metrics = property(lambda self: self.root / "metrics.jsonl")
     events = property(lambda self: self.root / "events.jsonl")
+    stages = property(lambda self: self.root / "stages.jsonl")  # the run's stages (phases/stages.py)
     interventions = property(lambda self: self.root / "interventions.jsonl")
     analyses = property(lambda self: self.root / "analyses.jsonl")
     checkpoints = property(lambda self: self.root / "checkpoints")
