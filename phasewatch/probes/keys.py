@@ -5,10 +5,11 @@ A `KeyFamilies` declaration says which of a probe's keys are per-head or per-fre
 detail (not watched by the live detector nor by `analyze`'s transition detection),
 which of its array outputs are sets to follow over training (printed when they change),
 how the report draws its keys (`Panel`s; panels with the same title are drawn as one),
-which keys have no panel of their own family, and which are headline keys (the columns of
-`phasewatch compare` and the transitions marked on `phasewatch trajectory`). The live
-detector, the report, `compare` and `trajectory` read these declarations; a new probe
-declares its keys in its own file and needs nothing else.
+which keys have no panel of their own family, which are headline keys (the columns of
+`phasewatch compare` and the transitions marked on `phasewatch trajectory`), and the stages
+the probe knows (`Signature`s: a stage that matches is named, docs/stages.md). The live
+detector, the report, `compare`, `trajectory` and the stage detector (`stage_rules()`) read
+these declarations; a new probe declares its keys in its own file and needs nothing else.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from typing import Union
+
+from phasewatch.phases.stages import Signature, StageRules
 
 #: a panel's keys: a prefix (str), exact keys (tuple), or a regular expression (full match)
 KeySpec = Union[str, tuple, re.Pattern]
@@ -50,7 +53,9 @@ class KeyFamilies:
         panels: how the report draws the keys.
         hidden: key prefixes (or exact keys) that get no panel of their own family when no
             panel takes them.
-        headline: keys worth a column in `compare` and a mark on `trajectory`.
+        headline: keys worth a column in `compare` and a mark on `trajectory`; one alone
+            changing makes a stage.
+        stages: the stages the probe knows, by what moves in them (phases/stages.py `Signature`).
     """
 
     detail: str | None = None
@@ -58,6 +63,7 @@ class KeyFamilies:
     panels: tuple[Panel, ...] = ()
     hidden: tuple[str, ...] = ()
     headline: tuple[str, ...] = ()
+    stages: tuple[Signature, ...] = ()
 
 
 #: keys the training loop logs (training/module.py): losses, accuracies, the learning rate
@@ -84,6 +90,9 @@ def declare_keys(owner: str, families: KeyFamilies) -> None:
     of its panels shares a title with another owner's and their keys cannot be joined."""
     if owner in _FAMILIES:
         raise ValueError(f"the keys of {owner!r} are already declared")
+    names = {s.name for f in _FAMILIES.values() for s in f.stages}
+    if any(s.name in names for s in families.stages):
+        raise ValueError(f"a stage declared for {owner!r} has the name of one declared already")
     caught = [k for k in TRAINING.headline if (families.detail and re.search(families.detail, k))
               or any(_hides(h, k) for h in families.hidden)]
     if caught:
@@ -138,3 +147,21 @@ def declared_scale(key: str) -> str | None:
     when that panel does not, None when no panel takes it."""
     panel = next((p for p in panels() if p.matches(key)), None)
     return None if panel is None else "log" if panel.log_y else "linear"
+
+
+def _declares(family: KeyFamilies, key: str) -> bool:
+    """Whether a declaration speaks of `key` (a panel, a headline, hidden or detail key)."""
+    return (any(p.matches(key) for p in family.panels) or key in family.headline
+            or any(_hides(h, key) for h in family.hidden) or bool(family.detail and re.search(family.detail, key)))
+
+
+def key_family(key: str) -> str:
+    """The owner whose declaration speaks of `key` (the first declared), else the key's first part."""
+    return next((owner for owner, f in _FAMILIES.items() if _declares(f, key)), key.split("/", 1)[0])
+
+
+def stage_rules() -> StageRules:
+    """What the declarations tell the stage detector: every declared stage signature, the
+    headline keys, each key's family (`key_family`) and the detail keys."""
+    return StageRules(signatures=tuple(s for f in _FAMILIES.values() for s in f.stages),
+                      headline=frozenset(headline_keys()), family=key_family, detail=is_detail)

@@ -1,0 +1,325 @@
+"""Stages: the intervals of training in which several series change together (numpy only).
+
+`detect_stages(events, series, rules)` takes the per-series transitions (dicts as in
+events.jsonl or `detect_all`'s output; trends, spikes, onsets and withdrawn events are left
+out) and each series' (steps, values). In log-step time each transition adds a bump of unit
+area shaped like its own rate of change (10% at its onset, 50% at its midpoint, 90% at its
+end); the sum is the run's activity, and stages are its modes, split at minima no higher
+than `DIP` of the lower neighbouring maximum. A stage needs series of two families, or one
+headline series (`StageRules`); the others' changes are lone and taken out. A stage matching
+a declared `Signature` gets its name (None otherwise), and where an LLC series exists, its
+type ("A": loss falls, LLC rises; "B": loss flat, LLC falls; Hoogland et al. 2024).
+`previous` carries stage ids between calls. `write_stages`/`read_stages`: the run folder's
+stages file. Method, rules and measurements: docs/stages.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from phasewatch.rundir import read_jsonl
+
+#: a minimum of the activity between two maxima splits them into two stages when it is at most
+#: this fraction of the lower maximum (two transitions of equal width are then split when their
+#: 10-90% parts are apart, and kept together when those parts overlap; docs/stages.md)
+DIP = 0.6
+#: the narrowest half-bump in decades of steps (a jump between two logged steps has onset =
+#: end: its rate of change is spread over at least this much log-time)
+MIN_WIDTH = 0.01
+#: points of the log-step grid the activity is evaluated on
+GRID = 512
+#: a series "moves" over a stage (for its type) when it changes by this fraction of its range
+MOVE = 0.1
+#: the series the type of a stage is read from: the LLC estimate, and the first loss present
+LLC_KEY = "llc/estimate"
+LOSS_KEYS = ("train/loss", "val/loss")
+_LN9 = math.log(9.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """A stage a probe knows, declared with its keys (probes/keys.py `KeyFamilies.stages`).
+
+    Each entry of `moves` and `absent` is "PATTERN up|down", or several such joined by " | "
+    (any of them); PATTERN is a regular expression matched in full against a series' key. A
+    stage matches when every entry of `moves` is among its members and no entry of `absent` is;
+    `run_has` (a regular expression) limits the signature to runs logging a matching key.
+    """
+
+    name: str
+    moves: tuple[str, ...]
+    absent: tuple[str, ...] = ()
+    run_has: str | None = None
+    source: str = ""
+
+    def __post_init__(self):
+        for entry in self.moves + self.absent:
+            for alternative in entry.split("|"):
+                parts = alternative.split()
+                if len(parts) != 2 or parts[1] not in ("up", "down"):
+                    raise ValueError(f"signature {self.name!r}: {alternative.strip()!r} is not 'PATTERN up|down'")
+                re.compile(parts[0])
+
+    def _has(self, entry: str, moved: set[tuple[str, str]]) -> bool:
+        alternatives = [a.split() for a in entry.split("|")]
+        return any(re.fullmatch(pattern, key) and direction == d for pattern, d in alternatives for key, direction in moved)
+
+    def matches(self, moved: set[tuple[str, str]], keys: Iterable[str] = ()) -> bool:
+        """Whether a stage whose members moved so ((key, direction) pairs) matches, in a run
+        logging `keys`."""
+        if self.run_has is not None and not any(re.fullmatch(self.run_has, k) for k in keys):
+            return False
+        return all(self._has(e, moved) for e in self.moves) and not any(self._has(e, moved) for e in self.absent)
+
+
+def _first_part(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRules:
+    """What the keys mean to the stage detector (probes/keys.py `stage_rules()` builds it from
+    the probes' declarations): the signatures, the headline keys (one of them alone makes a
+    stage), each key's family (two families together make one; default: the key's first
+    path part) and which keys are detail (left out)."""
+
+    signatures: tuple[Signature, ...] = ()
+    headline: frozenset = frozenset()
+    family: Callable[[str], str] = _first_part
+    detail: Callable[[str], bool] = lambda key: False
+
+
+@dataclasses.dataclass
+class Stage:
+    """One stage: steps `onset` (the earliest member's onset), `midpoint` (half of its members'
+    summed change done), `end` (the latest member's end); `members`, the per-series events
+    with `series` and `size` (magnitude over the series' range) added, by midpoint; `lead`, the
+    series that moved first (earliest onset); `name` of the matched signature or None; `type`
+    "A", "B" or None; `id`, stable between calls given `previous`."""
+
+    id: int
+    onset: int
+    midpoint: int
+    end: int
+    members: list[dict]
+    lead: str
+    name: str | None = None
+    type: str | None = None
+
+    @property
+    def in_progress(self) -> bool:
+        """A member is a change still under way (live)."""
+        return any(m.get("kind") == "in_progress" for m in self.members)
+
+    def summary(self) -> str:
+        """One line: id, name, span, what moved (lead first), type."""
+        moved = ", ".join(f"{m['series']} {m['direction']}" for m in
+                          sorted(self.members, key=lambda m: (m["series"] != self.lead, m["onset"], m["series"])))
+        label = f" {self.name}" if self.name else " (unnamed)"
+        kind = f", type {self.type}" if self.type else ""
+        more = " (in progress)" if self.in_progress else ""
+        return (f"stage {self.id}{label}: steps {self.onset}-{self.end} (midpoint {self.midpoint}){more}{kind}; "
+                f"led by {self.lead}; {moved}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: dict) -> "Stage":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in fields})
+
+
+def _event_dict(event) -> dict:
+    """A plain dict of an event (a dict, or anything with `to_dict`)."""
+    return dict(event) if isinstance(event, dict) else dict(event.to_dict())
+
+
+def _usable(event: dict, rules: StageRules) -> bool:
+    """A transition (ended or under way) of a series that is not detail."""
+    return (event.get("kind", "transition") in ("transition", "in_progress")
+            and event.get("stage", "confirmed") == "confirmed" and event.get("midpoint") is not None
+            and event.get("onset") is not None and event.get("end") is not None
+            and event.get("direction") in ("up", "down") and not rules.detail(event["metric"]))
+
+
+def _times(event: dict) -> tuple[float, float, float]:
+    """log10 of onset, midpoint and end, ordered, each at least step 1."""
+    onset, mid, end = (math.log10(max(float(event[k]), 1.0)) for k in ("onset", "midpoint", "end"))
+    mid = min(max(mid, onset), end)
+    return onset, mid, end
+
+
+def _bumps(events: list[dict], grid: np.ndarray) -> np.ndarray:
+    """Each event's rate of change on the grid (rows), unit area: a logistic's derivative whose
+    left half reaches the onset at 10% and right half the end at 90% (widths from each side)."""
+    out = np.empty((len(events), len(grid)))
+    for i, e in enumerate(events):
+        onset, mid, end = _times(e)
+        left, right = max((mid - onset) / _LN9, MIN_WIDTH), max((end - mid) / _LN9, MIN_WIDTH)
+        width = np.where(grid < mid, left, right)
+        out[i] = 0.5 / (2 * width) / np.cosh((grid - mid) / (2 * width)) ** 2
+    return out
+
+
+def _segments(activity: np.ndarray, dip: float) -> list[int]:
+    """Grid indices of the cuts between stages: the minima between the activity's maxima, the
+    shallowest merged away first while its height is over `dip` x the lower maximum around it."""
+    a = activity
+    interior = np.arange(1, len(a) - 1)
+    peaks = list(interior[(a[1:-1] >= a[:-2]) & (a[1:-1] > a[2:])])
+    if len(peaks) < 2:
+        return []
+    troughs = [p + int(np.argmin(a[p:q + 1])) for p, q in zip(peaks, peaks[1:])]
+    while troughs:
+        ratio = [a[t] / min(a[peaks[k]], a[peaks[k + 1]]) for k, t in enumerate(troughs)]
+        k = int(np.argmax(ratio))
+        if ratio[k] <= dip:
+            break
+        del troughs[k]
+        del peaks[k if a[peaks[k]] < a[peaks[k + 1]] else k + 1]
+    return troughs
+
+
+def _qualifies(members: list[dict], rules: StageRules) -> bool:
+    """Series of two families, or a headline series."""
+    return (len({rules.family(m["metric"]) for m in members}) >= 2
+            or any(m["metric"] in rules.headline for m in members))
+
+
+def _group(events: list[dict], rules: StageRules, dip: float) -> list[list[dict]]:
+    """The events of each stage: cut at the activity's deep minima; groups that do not qualify
+    are taken out and the rest cut again, until every group qualifies."""
+    while events:
+        times = np.array([_times(e) for e in events])
+        grid = np.linspace(times[:, 0].min() - 0.2, times[:, 2].max() + 0.2, GRID)
+        cuts = grid[_segments(_bumps(events, grid).sum(axis=0), dip)]
+        which = np.searchsorted(cuts, times[:, 1])
+        groups = [[e for e, w in zip(events, which) if w == k] for k in range(len(cuts) + 1)]
+        groups = [g for g in groups if g]
+        kept = [e for g in groups if _qualifies(g, rules) for e in g]
+        if len(kept) == len(events):
+            return groups
+        events = kept
+    return []
+
+
+def _value_at(steps: np.ndarray, values: np.ndarray, step: float) -> float:
+    return float(np.interp(math.log10(max(step, 1.0)), np.log10(np.maximum(steps, 1.0)), values))
+
+
+def _relative_change(data, onset: int, end: int) -> float | None:
+    """A series' change from `onset` to `end` (interpolated in log-step) over its range."""
+    steps, values = (np.asarray(x, dtype=float) for x in data)
+    ok = np.isfinite(values) & np.isfinite(steps)
+    steps, values = steps[ok], values[ok]
+    if len(values) < 2 or np.ptp(values) == 0:
+        return None
+    order = np.argsort(steps)
+    steps, values = steps[order], values[order]
+    return (_value_at(steps, values, end) - _value_at(steps, values, onset)) / float(np.ptp(values))
+
+
+def stage_type(onset: int, end: int, series: dict) -> str | None:
+    """Hoogland et al. 2024's type of a stage from `onset` to `end`: "A" when the loss falls and
+    the LLC rises, "B" when the loss barely moves and the LLC falls, each by `MOVE` of the
+    series' range over the run; None otherwise, or without an LLC series."""
+    loss_key = next((k for k in LOSS_KEYS if k in series), None)
+    if LLC_KEY not in series or loss_key is None:
+        return None
+    llc, loss = _relative_change(series[LLC_KEY], onset, end), _relative_change(series[loss_key], onset, end)
+    if llc is None or loss is None:
+        return None
+    if llc >= MOVE and loss <= -MOVE:
+        return "A"
+    if llc <= -MOVE and abs(loss) < MOVE:
+        return "B"
+    return None
+
+
+def _name(members: list[dict], rules: StageRules, keys: Iterable[str]) -> str | None:
+    """The matched signature's name: of several, the one with most entries; a tie is no name."""
+    moved = {(m["metric"], m["direction"]) for m in members}
+    keys = list(keys)
+    found = [s for s in rules.signatures if s.matches(moved, keys)]
+    if not found:
+        return None
+    most = max(len(s.moves) for s in found)
+    best = [s for s in found if len(s.moves) == most]
+    return best[0].name if len(best) == 1 else None
+
+
+def _midpoint(members: list[dict]) -> int:
+    """Where half of the members' summed change is done (the median of their summed bumps)."""
+    times = np.array([_times(m) for m in members])
+    grid = np.linspace(times[:, 0].min() - 0.2, times[:, 2].max() + 0.2, GRID)
+    cumulative = np.cumsum(_bumps(members, grid).sum(axis=0))
+    return int(round(10 ** float(grid[int(np.searchsorted(cumulative, cumulative[-1] / 2))])))
+
+
+def _size(event: dict, series: dict) -> float | None:
+    data = series.get(event["metric"])
+    if data is None or event.get("magnitude") is None:
+        return None
+    values = np.asarray(data[1], dtype=float)
+    values = values[np.isfinite(values)]
+    span = float(np.ptp(values)) if len(values) else 0.0
+    return round(float(event["magnitude"]) / span, 4) if span > 0 else None
+
+
+def _carry_ids(stages: list[Stage], previous: Sequence[Stage]) -> None:
+    """Give each stage the id of the previous stage it shares most moved series with (spans
+    overlapping in steps), one to one; new ids after the largest used."""
+    taken: set[int] = set()
+    next_id = max([s.id for s in previous] + [0]) + 1
+    for stage in stages:
+        mine = {(m["series"], m["direction"]) for m in stage.members}
+        best, shared = None, 0
+        for old in previous:
+            if old.id in taken or old.end < stage.onset or stage.end < old.onset:
+                continue
+            common = len(mine & {(m["series"], m["direction"]) for m in old.members})
+            if common > shared:
+                best, shared = old, common
+        if best is None:
+            stage.id, next_id = next_id, next_id + 1
+        else:
+            stage.id = best.id
+        taken.add(stage.id)
+
+
+def detect_stages(events: Iterable, series: dict, rules: StageRules | None = None,
+                  previous: Sequence[Stage] | None = None, dip: float = DIP) -> list[Stage]:
+    """The stages of a run, in order (module docstring). `events`: per-series transitions;
+    `series`: metric -> (steps, values) (for sizes, signatures' `run_has` and types);
+    `previous`: the stages of an earlier call, whose ids carry over."""
+    rules = rules or StageRules()
+    usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
+    stages = []
+    for k, members in enumerate(_group(usable, rules, dip), start=1):
+        members = sorted(members, key=lambda m: (m["midpoint"], m["metric"]))
+        for m in members:
+            m["series"], m["size"] = m["metric"], _size(m, series)
+        lead = min(members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))
+        onset, end = min(m["onset"] for m in members), max(m["end"] for m in members)
+        stages.append(Stage(id=k, onset=int(onset), midpoint=_midpoint(members), end=int(end), members=members,
+                            lead=lead["series"], name=_name(members, rules, list(series) + [m["metric"] for m in usable]),
+                            type=stage_type(onset, end, series)))
+    if previous is not None:
+        _carry_ids(stages, previous)
+    return stages
+
+
+def write_stages(folder, stages: Sequence[Stage]) -> None:
+    """Write a run's stages into its folder (`RunFolder.stages`), one JSON line each."""
+    folder.rewrite(folder.stages, [s.to_dict() for s in stages])
+
+
+def read_stages(folder) -> list[Stage]:
+    """The stages written into a run folder (none when it has no stages file)."""
+    return [Stage.from_dict(r) for r in read_jsonl(folder.stages)]
