@@ -184,9 +184,14 @@ def analyze_command(argv: list[str]) -> int:
         print(f"phasewatch: error: {args.target} is not a run folder; --probes, --options, --replace, --device, "
               "--allow and --no_wandb apply to run folders. Give a run folder, or the .pth file alone.", file=sys.stderr)
         return 2
-    args.checkpoint = args.target
-    if not Path(args.checkpoint).is_file():
-        print(f"phasewatch: error: {args.checkpoint} is not a file", file=sys.stderr)
+    return analyze_paper_checkpoint(args.target)
+
+
+def analyze_paper_checkpoint(path: str) -> int:
+    """`analyze FILE.pth`: the losses and grokking progress measures of a checkpoint saved by the
+    code of Nanda et al. 2023 (its stored losses beside the ones its weights give)."""
+    if not Path(path).is_file():
+        print(f"phasewatch: error: {path} is not a file", file=sys.stderr)
         return 2
     import torch
     import torch.nn.functional as F
@@ -195,12 +200,12 @@ def analyze_command(argv: list[str]) -> int:
     from phasewatch.models import load_progress_measures_checkpoint
 
     try:
-        final, task = load_progress_measures_checkpoint(args.checkpoint)
-        before, _ = load_progress_measures_checkpoint(args.checkpoint, before_last_step=True)
+        final, task = load_progress_measures_checkpoint(path)
+        before, _ = load_progress_measures_checkpoint(path, before_last_step=True)
     except ValueError as err:
         print(f"phasewatch: error: {err}", file=sys.stderr)
         return 2
-    stored = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    stored = torch.load(path, map_location="cpu", weights_only=True)
 
     def loss(model, batch) -> float:
         with torch.no_grad():
