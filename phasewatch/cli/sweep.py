@@ -1,31 +1,18 @@
 """`phasewatch sweep`: run a W&B sweep file on this machine, without a W&B server.
 
-    phasewatch sweep sweeps/grokking.yaml [--count N] [--parallel J] [--out DIR] [--dry-run]
+    phasewatch sweep sweeps/grokking.yaml [--count N] [--parallel J] [--out DIR] [--dry-run] [--no-pack]
 
-The file is the one `wandb sweep` takes (W&B's sweep schema; parameter names are
-`phasewatch fit` flags, its `command:` runs `phasewatch fit`). W&B's own open-source
-search engine (the `sweeps` package) proposes each configuration (grid, random, bayes),
-and W&B's own expansion turns `${args}` into `--name=value` flags, so a file behaves the
-same here as under `wandb agent`. Each run is an ordinary run folder `DIR/<name>-NNN`
-with an offline W&B run grouped under the sweep's name (upload later with `wandb sync`).
+The file is the one `wandb sweep` takes (parameter names are `phasewatch fit` flags; its command
+runs `phasewatch fit`). W&B's search engine (the `sweeps` package: grid, random, bayes) proposes
+each configuration and W&B's expansion of `${args}` builds its command, so a file behaves as under
+`wandb agent`. Each run is a run folder `DIR/<name>-NNN` with an offline W&B run grouped under the
+sweep's name; in a grid over `seed_everything` the points that differ only in that seed train as
+one population `DIR/<name>-pack-NNN` (`packable`). Up to `--parallel` processes at once; the
+folder's state file records every run, so the same command resumes an interrupted sweep.
 
-Up to `--parallel` runs train at once, each in its own run folder and process, with
-the CPU threads split between them. The sweep folder's state file records every run's
-parameters and state as it changes; running the same command again resumes the sweep: finished and
-failed runs are kept, runs that were stopped midway continue from their last checkpoint, and
-the search goes on from there. The sweep folder keeps each run's output (`SweepFolder.log`).
-
-Packing (`--pack`, on by default when it applies): in a grid sweep over `seed_everything`, the
-grid points that differ only in that seed train as one population (`phasewatch fit
---population.seeds`, training/population.py) in one process, `DIR/<name>-pack-NNN`, whose
-member `m03` is the run folder of the fourth seed's grid point (its `folder` in the state
-file; `phasewatch compare` finds it there). Each member has exactly the configuration of its
-grid point: the data seed stays the grid point's (`--population.vary_data false`).
-`--no-pack` runs every grid point in its own process.
-
-Fails with "phasewatch: error: ..." (exit 2) on a file W&B would refuse, a command that
-does not run `phasewatch fit`, a random or bayes search without `--count`, or a folder
-that belongs to another sweep or is in use by a live sweep process.
+Public: `sweep_command` (the CLI), `LocalSweep`, `load_sweep_file`, `command_for`, `packable`.
+Refused (ConfigError): a file W&B would refuse, a command that is not `phasewatch fit`, random or
+bayes without `--count`, a folder of another sweep or in use by a live one. README, "Sweeps".
 """
 
 from __future__ import annotations
@@ -119,6 +106,7 @@ class LocalSweep:
         self.root = Path(out) if out is not None else RUNS / f"sweep-{self.name}"
         self.folder = SweepFolder(self.root)
         self.count, self.parallel = count, parallel
+        self._new, self._exhausted = 0, False  # this invocation's new runs; whether the search is done
         if parallel < 1:
             raise ConfigError("parallel", f"--parallel {parallel} is below 1", "Use --parallel 1 or more.")
         if count is not None and count < 1:
@@ -256,72 +244,107 @@ class LocalSweep:
     def run(self) -> int:
         """Run (or resume) the sweep; 0 when every run finished, 1 when some failed, 130
         when interrupted (run the same command again to resume)."""
+        self._claim()
+        units = self._units_to_start()
+        running: dict[str, tuple[subprocess.Popen, list[dict[str, Any]]]] = {}
+        try:
+            while True:
+                self._fill(units, running)
+                if not running:
+                    break
+                time.sleep(0.5)
+                self._reap(running)
+        except KeyboardInterrupt:
+            self._stop(running)
+            return 130
+        return self._close()
+
+    def _claim(self) -> None:
+        """Record this process as the sweep's, and let Ctrl-C stop it gracefully."""
         # Ctrl-C / kill -INT stop the sweep gracefully even when it was started as a background
         # job, whose shell made it ignore SIGINT (its runs then get the default handling too)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         self.state["pid"] = os.getpid()
         self._save()
+
+    def _wants_more(self) -> bool:
+        """Whether the search may still propose a new run (not exhausted, under --count)."""
+        return not self._exhausted and (self.count is None or self._new < self.count)
+
+    def _units_to_start(self) -> list[list[dict[str, Any]]]:
+        """The runs to continue (pending, running or stopped before) and, when packing, every new
+        run of the grid, grouped into units; prints whether the sweep starts or resumes."""
         todo = [r for r in self.state["runs"] if r["state"] in ("pending", "running", "stopped")]
-        resuming, new, exhausted = bool(self.state["runs"]), 0, False
+        resuming = bool(self.state["runs"])
+        self._new, self._exhausted = 0, False
         if self.pack:  # the whole grid first, so that the seeds of one grid point train together
-            while self.count is None or new < self.count:
+            while self._wants_more():
                 run = self._propose()
                 if run is None:
                     break
                 todo.append(run)
-                new += 1
-            exhausted = True
+                self._new += 1
+            self._exhausted = True
         units = self.units(todo)
         if resuming:
             done = sum(r["state"] in ("finished", "failed") for r in self.state["runs"])
             print(f"phasewatch: resuming sweep {self.name} in {self.root}: {done} runs done, {len(todo)} to continue")
         else:
             print(f"phasewatch: sweep {self.name} ({self.config['method']}) in {self.root}")
-        running: dict[str, tuple[subprocess.Popen, list[dict[str, Any]]]] = {}
-        try:
-            while True:
-                while len(running) < self.parallel:
-                    if units:
-                        unit = units.pop(0)
-                    elif not exhausted and (self.count is None or new < self.count):
-                        run = self._propose()
-                        exhausted = run is None
-                        if run is None:
-                            continue
-                        new += 1
-                        unit = [run]
-                    else:
-                        break
-                    name = self._folder(unit).root.name
-                    running[name] = (self._start(unit), unit)
-                    print(f"  start  {name}  {_describe_unit(unit)}", flush=True)
-                if not running:
-                    break
-                time.sleep(0.5)
-                for name, (proc, unit) in list(running.items()):
-                    code = proc.poll()
-                    if code is not None:
-                        del running[name]
-                        self._finish(unit, code)
-                        for run in unit:
-                            extra = "".join(f"  {k} {v:.4g}" for k, v in (run.get("summary") or {}).items())
-                            log = "" if code == 0 else f"  (exit {code}; see {self.folder.log(name)})"
-                            print(f"  {run['state']:8s} {run['name']}  in {run['seconds']:.0f} s{extra}{log}",
-                                  flush=True)
-        except KeyboardInterrupt:
-            for proc, unit in running.values():
-                proc.send_signal(signal.SIGINT)
-            for proc, unit in running.values():
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                for run in unit:
-                    run.update(state="stopped", returncode=None)
-            self.state["pid"] = None
-            self._save()
-            print(f"phasewatch: sweep interrupted; run the same command again to resume it ({self.root})")
-            return 130
+        return units
+
+    def _next_unit(self, units: list[list[dict[str, Any]]]) -> list[dict[str, Any]] | None:
+        """The next unit to start: a planned one, else a new proposal of the search; None when
+        there is neither."""
+        while units or self._wants_more():
+            if units:
+                return units.pop(0)
+            run = self._propose()
+            self._exhausted = run is None
+            if run is not None:
+                self._new += 1
+                return [run]
+        return None
+
+    def _fill(self, units: list[list[dict[str, Any]]],
+              running: dict[str, tuple[subprocess.Popen, list[dict[str, Any]]]]) -> None:
+        """Start units until --parallel of them run or none is left."""
+        while len(running) < self.parallel and (unit := self._next_unit(units)) is not None:
+            name = self._folder(unit).root.name
+            running[name] = (self._start(unit), unit)
+            print(f"  start  {name}  {_describe_unit(unit)}", flush=True)
+
+    def _reap(self, running: dict[str, tuple[subprocess.Popen, list[dict[str, Any]]]]) -> None:
+        """Record and print the units whose process has ended."""
+        for name, (proc, unit) in list(running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del running[name]
+            self._finish(unit, code)
+            for run in unit:
+                extra = "".join(f"  {k} {v:.4g}" for k, v in (run.get("summary") or {}).items())
+                log = "" if code == 0 else f"  (exit {code}; see {self.folder.log(name)})"
+                print(f"  {run['state']:8s} {run['name']}  in {run['seconds']:.0f} s{extra}{log}", flush=True)
+
+    def _stop(self, running: dict[str, tuple[subprocess.Popen, list[dict[str, Any]]]]) -> None:
+        """Interrupted: pass SIGINT on to every running unit, wait for it (30 s, then kill) and
+        mark its runs stopped, so that the same command resumes them."""
+        for proc, unit in running.values():
+            proc.send_signal(signal.SIGINT)
+        for proc, unit in running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            for run in unit:
+                run.update(state="stopped", returncode=None)
+        self.state["pid"] = None
+        self._save()
+        print(f"phasewatch: sweep interrupted; run the same command again to resume it ({self.root})")
+
+    def _close(self) -> int:
+        """Release the sweep folder and print the tally; 1 when some run failed, else 0."""
         self.state["pid"] = None
         self._save()
         runs = self.state["runs"]
