@@ -1,34 +1,18 @@
-"""Probes after the fact: `phasewatch analyze RUN_DIR --probes NAME ...`.
+"""Probes after the fact: `phasewatch analyze RUN_DIR --probes NAME ... [--options JSON] [--replace]`.
 
-Use it for probes added after a run, or too costly to run while training (e.g. `llc`):
-it rebuilds the run's task and model from its config (with `fit`'s own parser:
-`load_run_config`), loads each saved step checkpoint in step order and runs the probes on
-it, exactly as during training. Scalars are appended to the run's metrics under each
-checkpoint's step, arrays saved beside the others (`RunFolder.save_array`). Transitions in
-the new series (those live detection would watch) are detected over all checkpoints and
-added to the run's events (without `detected_at`: found offline), replacing earlier events
-of the same series; the report and `phasewatch phases` then show them with everything else.
+For probes added after a run, or too costly to run while training (e.g. `llc`): rebuilds the
+run's task and model from its config (`load_run_config`, fit's own parser), runs the probes on
+each saved step checkpoint in step order, as during training, on the GPU when there is one.
+Scalars join the run's metrics under each checkpoint's step, arrays the run's arrays; the new
+series' transitions, detected over all checkpoints, replace their earlier events (without
+`detected_at`: found offline). Options are the run's `probes.options` updated with `--options`,
+then completed from the last checkpoint (`Probe.final_options`); each analysis is recorded in
+the folder's list of analyses, and the values go to a W&B run of their own (README, "Running things").
 
-Probes get the options the run's config gave them (`probes.options`, e.g. the LLC step
-size calibrated for its model), updated with `options` (`--options`), then completed from
-the run's last checkpoint by the probes that say how (`Probe.final_options`: the grokking
-probe's key frequencies are by default those of the last checkpoint, fixed over all
-checkpoints, as Nanda et al. 2023 measure; `{"grokking": {"key_freqs": null}}` gives each
-checkpoint's own, as in training). Each analysis is recorded in the folder's list of
-analyses (probes, the options used, from which checkpoint's step they were completed,
-device, steps, time, and the id of its W&B run).
-
-The values also go to W&B, into a new run beside the training run (`<run>-analyze-<probes>`,
-job type `analyze`, the training run's config, logged against `trainer/global_step` like
-the training run; see `make_analysis_logger`), unless W&B is disabled or the run was trained with
-`--no_wandb`. Probes run on `device`: the GPU when there is one, unless told otherwise.
-
-Refuses (ConfigError, nothing written) a folder without a config or checkpoints, an
-unknown probe or one that does not apply to the task, options for a probe not being run
-or that the probe refuses (e.g. grokking key frequencies that p does not have),
-a run another process is writing,
-and probes whose keys the run already has, in its metrics or as arrays (pass
-`replace=True` / `--replace` to drop the old values of those keys first, arrays included).
+Public: `analyze_run`, `analyze_run_command` (the CLI), `load_run_module`, `resolve_device`.
+Refuses (ConfigError, nothing written): no config or checkpoints, an unknown or inapplicable
+probe, options for a probe not run or that it refuses, a run another process is writing, and
+keys the run already has (`--replace` drops their old values first, arrays included).
 """
 
 from __future__ import annotations

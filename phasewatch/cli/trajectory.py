@@ -2,22 +2,16 @@
 
     phasewatch trajectory RUN_DIR [--kind logits|weights|both]
 
-Post hoc, over the run folder's saved step checkpoints: each
-checkpoint becomes one vector, either (a) its log-probabilities at every answer position
-of a fixed evaluation set (the task's held-out batches, at most `max_rows` sequences;
-log-softmax removes the logits' free shift) or (b) all of its weights flattened. PCA of
-these vectors across checkpoints (centred) gives a 2-D path coloured by step;
-the phase transitions detected offline in the run's headline series (`val/loss`,
-`train/loss`, `val/acc`, ..., as the probes declare them: probes/keys.py) are marked at
-their midpoints. Phases of training show as
-segments of the path with different directions (Nanda et al. 2023 and Olsson et al. 2022
-draw such PCA paths of logits and weights over checkpoints).
+Each saved step checkpoint becomes one vector: (a) its log-probabilities at every answer
+position of a fixed held-out set (at most `max_rows` sequences; log-softmax removes the logits'
+free shift) or (b) all its weights flattened. PCA across checkpoints (centred) gives a 2-D path
+coloured by step, with the midpoints of the transitions detected offline in the run's headline
+series marked (PCA paths over checkpoints as in Nanda et al. 2023 and Olsson et al. 2022).
 
-Writes the run folder's `trajectory` figure and, per kind, the coordinates
-(`RunFolder.trajectory_pca`; rows: checkpoints in step order; columns: step, PC1, PC2);
-the HTML report shows the figure, and `phasewatch report` draws it when it is missing or out of
-date (`current_trajectory`). Fails with a clear error when the run has fewer than three
-checkpoints.
+Public: `checkpoint_vectors`, `pca_2d`, `plot_trajectory` (writes the run folder's `trajectory`
+figure and, per kind, its coordinates: step, PC1, PC2), `current_trajectory` (the figure, drawn
+again when missing or out of date; the report uses it) and `trajectory_command` (the CLI).
+Fails with a clear error when the run has fewer than three checkpoints. docs/interventions.md.
 """
 
 from __future__ import annotations
