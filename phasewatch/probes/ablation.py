@@ -1,37 +1,17 @@
 """Ablations: which heads and layers does the model need right now?
 
-For every attention head, every layer's attention output and every MLP output, the
-task's held-out loss and accuracy when that component is replaced by its mean output at
-each position over the whole held-out set (mean ablation, the default; "zero" replaces
-it by zeros), with the other components intact. Run on a schedule, it shows when each component becomes necessary
-(Olsson et al. 2022 ablate heads over training in the same way; the "necessity" part of
-the tracr comparison compares it with the compiled model's non-empty components).
+For every attention head, every layer's attention output and every MLP output: the task's
+held-out loss and accuracy with that component replaced by its mean output at each position
+over the held-out set (mean ablation; "zero" replaces it by zeros), the rest intact. On a
+schedule it shows when each component becomes necessary (Olsson et al. 2022 ablate heads over
+training the same way). Estimated from a fixed weighted sample of held-out sequences from every
+length (64; means from 256), token by token as `val/loss`, with the same numbers as one full
+hooked pass per component (hooks on the model, e.g. an intervention's, act on the copies too).
 
-Keys logged: `ablation/<component>/loss_delta` (ablated minus clean loss, in nats per
-answer token) and `ablation/<component>/acc` (accuracy with it ablated), where
-<component> is `L<l>H<h>` (head h of layer l, ablated through `hook_z`, before W_O),
-`L<l>.attn` or `L<l>.mlp`. Array: `necessary_components` (those whose ablation costs
-more than `threshold` of accuracy; changes are printed during training).
-Loss and accuracy are summed over the held-out batches token by token, as `val/loss` (the
-cross-entropy in the task's `loss_dtype`, float32 but for grokking, whatever
-`--model.loss_dtype` says; the sums in float64; the
-`val` set only: a length-generalisation run's longer lengths, `val_longer`, are left out),
-estimated from a fixed sample of `sample` (64) held-out sequences drawn from every batch in
-proportion to its size (a RASP task's batches hold one length each; at least one of each,
-spread evenly over it), each weighted by how many it stands for; the means from `mean_over`
-(256) sequences drawn the same way, the ablated sample among them (as many of each length,
-spread over the means' sample: `nested_sample`). Estimates of the whole held-out set's numbers,
-cheap enough to run densely: all lengths go through one clean forward pass of the native
-module, padded to the longest (`tasks.base.padded`), which gives the means and keeps the
-residual stream at every layer. The copies of the ablated sample with one component ablated
-(one per component, a pass per layer and kind) start from its rows of that pass at the
-component's attention layer or MLP, which runs again on them with the component replaced
-where a hook is on it (hooks already on the model, e.g. an intervention's, act as in a full
-pass; without one, the replaced output is computed from the clean pass: the value itself, or
-for a head the clean output plus (value - z_head) W_O[head]), then only what comes after it
-(exact: what comes before is the clean pass's; bench/README.md, `probe_overhead.py`; both
-options null for the whole set). The
-sample is the same at every step, so the series move only as the model does.
+Keys: `ablation/<component>/loss_delta` (ablated minus clean loss, nats per answer token) and
+`ablation/<component>/acc`, <component> `L<l>H<h>` (through `hook_z`), `L<l>.attn` or `L<l>.mlp`;
+array `necessary_components` (accuracy cost above `threshold`). Public: `ablation_probe`,
+`ablation_scores`, `components`, `position_means`, the samplers. docs/tracr.md, "ablation".
 """
 
 from __future__ import annotations
