@@ -1,27 +1,18 @@
 """Composition scores between attention heads (Elhage et al. 2021, "A Mathematical
 Framework for Transformer Circuits", section "Virtual weights and composition").
 
-score(A, B) = ||A B||_F / (||A||_F ||B||_F) with A = W_V W_O of the earlier head
-(row-vector convention) and B = W_Q W_K^T of the later head for Q-composition, its
-transpose for K-composition, and W_V W_O of the later head for V-composition; only
-pairs with layer(l1) < layer(l2). Everything is computed on the factored forms in
-d_head x d_head space, never as d_model x d_model products. The weights are scored as
-the residual stream sees them, as TransformerLens's weight processing (fold_ln,
-center_writing_weights) leaves them: the LayerNorm (or RMSNorm) scale in front of a head is
-folded into the weights that read through it, and in a LayerNorm model (LN, LNPre), whose
-norm subtracts the mean over d_model, the reading weights (W_Q, W_K, W_V, after folding)
-and the writing weights (W_O) are centred over d_model: their component along the
-all-ones direction, which no later head can see, is removed. RMSNorm does not subtract the
-mean, so nothing is centred there.
+score(A, B) = ||A B||_F / (||A||_F ||B||_F), A = W_V W_O of the earlier head, B = W_Q W_K^T of
+the later head (Q), its transpose (K) or its W_V W_O (V); pairs with layer(l1) < layer(l2) only,
+computed on the factored forms in d_head x d_head space. The weights are scored as the residual
+stream sees them (the norm's scale folded in; centred over d_model in LayerNorm models, as
+TransformerLens's fold_ln and center_writing_weights leave them): docs/reference.md. Random
+matrices score about 1/sqrt(d_model) (the analytic baseline; the empirical one samples Gaussian
+matrices of the model's shapes); the score is scale-free, so comparable across training.
 
-Scores of random matrices average 1/sqrt(d_model) whatever d_head (the analytic
-baseline); the empirical baseline samples Gaussian matrices of the model's shapes.
-Composition is scale-free, so they are comparable across training.
-
-Keys (composition probe): `comp/<q,k,v>/L<l1>H<h1>-L<l2>H<h2>`, `comp/<q,k,v>/max`,
-`comp/<q,k,v>/count` (pairs above `factor` x baseline), `comp/baseline` (empirical),
-`comp/baseline_analytic`; arrays `q`, `k`, `v`: the full [layer, head, layer, head]
-tensors (NaN where l1 >= l2), and `<q,k,v>_pairs`: the composing pairs' labels.
+Keys: `comp/<q,k,v>/L<l1>H<h1>-L<l2>H<h2>`, `comp/<q,k,v>/max`, `comp/<q,k,v>/count` (pairs
+above `factor` x baseline), `comp/baseline`, `comp/baseline_analytic`; arrays `q`, `k`, `v`
+([layer, head, layer, head], NaN where l1 >= l2) and `<q,k,v>_pairs`. Public: `composition_probe`,
+`composition_scores`, `composition_matrix`, `factored_norm_sq`, `head_weights`, `random_baseline`.
 """
 
 from __future__ import annotations
