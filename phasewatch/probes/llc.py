@@ -4,35 +4,15 @@ Landscape Degeneracy Drives Stagewise Development in Transformers"), docs/refere
     w <- w - (eps/2) (n beta grad L_n(w) + gamma (w - w*)) + N(0, eps)
     LLC = n beta (E[L_n(w)] - L_n(w*)),   beta = 1 / log n
 
-`estimate_llc` is the estimator for any loss of a list of parameter tensors. It samples
-by moving those tensors in place (a model's own parameters: no copy of the model, no
-functional re-binding) and puts back their exact values afterwards, also when it fails.
-Chains are independent and run one after the other (`estimate_llc`) or side by side
-(`estimate_llc_side_by_side`: one vectorised pass for all chains). A chain that leaves the basin (a
-non-finite loss, or a single draw more than `max_rise` above L(w*) on the LLC's scale,
-by default 20 x the largest possible LLC d/2), or an estimate above d (twice the largest
-possible value for d parameters), makes the result "did not converge" (`converged`
-False, `llc` None) instead of a number. The loss traces come back for diagnostics.
-Known answers (tests/unit/test_llc.py): the potentials w^2, w^4, w^6 give
-1/2, 1/4, 1/6; a d-dimensional quadratic gives d/2.
-
-The `llc` probe applies it to a model's training loss: the full training set for
-full-batch tasks, with SGLD steps on random minibatches of `batch_size` examples
-(default 256), or a fixed pool of `pool` training batches (of `batch_size`, default the
-task's own size) for streaming ones, one batch per step. It costs chains x (burn_in +
-draws) forward and backward passes, so it is not a default probe:
-ask for it with `--probes.names '[llc, ...]'` (it then runs on its own sparse schedule,
-24 log-spaced steps, unless `--probes.schedules` gives another) or after training with
-`phasewatch analyze RUN --probes llc`. Keys: `llc/estimate`, `llc/std` (across chains),
-`llc/converged`, `llc/drift` (how far the chains' mean loss still moves between the
-two halves of the draws, relative to its rise: near 0 once they have settled),
-`llc/loss_star` (L(w*) on the data used); array `trace` (chains x steps, the loss of
-every step, burn-in included; the report draws it as lines). Option `side_by_side`: the
-chains as one vectorised population (default on a GPU or with 4+ chains) or one after the
-other; the same numbers either way.
-
-Settings (step size, localisation gamma) are not universal: `calibrate_llc` and
-bench/llc_calibration.py measure them on a run's own checkpoints (bench/README.md).
+`estimate_llc` (chains one after the other) and `estimate_llc_side_by_side` (one vectorised pass
+for all chains; the same numbers) estimate it for any loss of a list of parameter tensors, moved
+in place and put back exactly afterwards, also on failure. A chain that leaves the basin, or an
+estimate above the parameter count, gives "did not converge" (`llc` None), never a number.
+The `llc` probe (`llc_probe`, `model_llc`, `training_loss_llc`) applies it to the training loss;
+not a default probe, it keeps its own schedule (24 log-spaced steps). Keys `llc/estimate`,
+`llc/std`, `llc/converged`, `llc/drift`, `llc/loss_star`; array `trace`. `calibrate_llc` and
+`recommend_step_size` choose the step size on a run's own checkpoints (bench/llc_calibration.py).
+Options, defaults and the known answers the tests check: docs/llc.md.
 """
 
 from __future__ import annotations
