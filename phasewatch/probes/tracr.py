@@ -1,47 +1,18 @@
-"""Learned vs compiled: how close is the model being trained to tracr's compiled model
-of the same RASP program? (Definitions: docs/reference.md, "tracr: compiled references".)
+"""Learned vs compiled: how close is the model being trained to tracr's compiled model of the same
+RASP program? (docs/reference.md, "tracr: compiled references"; docs/tracr.md.) Both models read
+the same tokens, one batch per input length (at most `per_length` inputs each, so every length
+weighs the same). `tracr_probe` measures: behavioural agreement (argmax against the compiled
+model's, per length); attention match (`pattern_overlap`, sum_k min(A, S) over queries) of each
+compiled head that writes something, for the best learned head and two-head path; variable probes
+(`variable_probes`: a linear classifier, "lda" by default, "logistic" or "lstsq", of every
+categorical RASP variable at every residual site) beside the same probe on the run's step-0
+weights (`initial`, the baseline); linear CKA (Kornblith et al. 2019) between every learned and
+every compiled residual site (`cka_matrix`).
 
-Both models read the same tokens (a RASP task encodes inputs with the compiled model's
-own ids), one batch per input length (tracr does not mask padding), at most
-`per_length` distinct inputs per length, so that every length weighs the same.
-
-- Behavioural agreement: the fraction of answer positions where the learned model's
-  argmax equals the compiled model's, per length and averaged over lengths.
-- Attention match: for each compiled head that writes something, the overlap
-  sum_k min(A[q,k], S[q,k]) between a learned pattern A and the compiled pattern S,
-  averaged over queries (BOS excluded) and lengths. For a one-hot S (a lookup such as
-  reverse's) it is the attention mass on the compiled target, sum_k A S; unlike that
-  sum it is 1 only when the patterns are equal, also for spread-out compiled patterns
-  (the uniform attention of `length`). Reported for the best single learned head and
-  the best two-head path (A2 A1: layer-b head reading through a layer-a head, a < b).
-- Variable probes: for each categorical RASP variable (by its `.named()` name) and
-  each residual site of the learned model, the held-out accuracy of a linear classifier
-  trained on half of the inputs of every length and tested on the other half: linear
-  discriminant analysis (the default, `classifier="lda"`), a multinomial logistic
-  regression (`"logistic"`, the maximum-likelihood fit, ~100x the cost), or a ridge
-  least-squares fit to one-hot targets (`"lstsq"`), which underestimates: it cannot
-  single out a class whose representation lies between two others along one direction
-  (a value in the middle of a scalar code, such as `length` read from the share of
-  attention on BOS), and reads as low as 1/3 where the other two read 1.0
-  (tests/unit/test_variable_probes.py). The same probe on the run's own initial weights
-  (step 0; `initial`, given by the probe runner and by `analyze`) is the baseline:
-  length and position are linearly decodable at initialisation (docs/reference.md), so
-  only the excess over the baseline means the model computes a variable.
-- Representational similarity: linear CKA (Kornblith et al. 2019)
-  ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) between every learned and every compiled
-  residual site (rows: input x position, columns centred).
-
-Keys: `tracr/agreement`, `tracr/agreement/len<n>`, `tracr/attn_match/<ref head>`,
-`tracr/attn_match/<ref head>/path`, `tracr/probe/<variable>/<site>`,
-`tracr/probe_baseline/<variable>/<site>`, `tracr/cka/<site>` (the best compiled site
-for each learned site); sites are `resid_pre<l>`, `resid_mid<l>`, `resid_post<l>`
-(TransformerLens hook names). Arrays: `cka` [learned site, compiled site],
-`cka_labels` (the learned then the compiled site names), `attn_match`
-[ref head, layer, head] with `attn_match_labels`, `match_heads` (`<ref>=<best head>` and
-`<ref>=<path>`; printed when they change).
-
-Fails with ConfigError for a task without a RASP program, a causal model compared with
-a non-causal program, or a program tracr cannot compile.
+Keys `tracr/agreement[/len<n>]`, `tracr/attn_match/<ref head>[/path]`,
+`tracr/probe[_baseline]/<variable>/<site>`, `tracr/cka/<site>`; arrays `cka`, `attn_match`,
+`match_heads`. ConfigError for a task without a RASP program, a causal model against a
+non-causal program, or a program tracr cannot compile.
 """
 
 from __future__ import annotations
