@@ -1,20 +1,16 @@
 """The probe registry: named measurements, each a pure function (model, task) -> values.
 
-A probe is called as `fn(model, task, **options)` (options from the probe runner's
-config, e.g. thresholds) and returns a dict: float values are scalars (logged as metrics under the keys its
-docstring lists); anything else (lists, tensors) is an array, saved to the run folder
-under `arrays/<probe>/<key>/step=<N>.npy`. Names are unique; `applies_to` says which
-tasks a probe can measure; `cheap` probes may run at every validation; a costly probe
-may name a `schedule` of its own (e.g. {"kind": "log", "count": 24}), used when the run
-does not give it one; an `initial` probe also receives the run's weights at step 0 as
-the keyword `initial` (a baseline; the probe runner and `analyze` pass it); a probe whose
-options for a finished run depend on its last checkpoint (the grokking probe's fixed key
-frequencies) names `final_options(model, task, options) -> options`, which `analyze` calls
-once, with the last checkpoint's weights, before measuring; `keys`
-declares what its metric keys mean (probes/keys.py), which is all the report, the live detector and `compare` need to know of it.
-
-Probes of other packages plug in through entry points (group `phasewatch.probes`) or by a
-dotted name, `package.module:name` (phasewatch/plugins.py).
+A probe is called as `fn(model, task, **options)` and returns a dict: float values are scalars
+(logged as metrics), anything else (lists, tensors) an array, saved under
+`arrays/<probe>/<key>/step=<N>.npy`. `register_probe(name, applies_to, cheap, default, schedule,
+initial, final_options, keys)` registers one: `applies_to` says which tasks it can measure;
+`default` whether it runs when no probes are named (a bool or a test of the task); `cheap`
+probes may run at every validation; `schedule` is its own, used when the run gives it none (e.g.
+{"kind": "log", "count": 24}); an `initial` probe also receives the run's step-0 weights as the
+keyword `initial`; `final_options(model, task, options)` completes a finished run's options from
+its last checkpoint (`analyze`); `keys` declares what its metric keys mean (probes/keys.py).
+`get_probe`, `probe_names`, `default_probes` and `check_options` read the registry. Probes of
+other packages plug in by entry point (group `phasewatch.probes`) or dotted name (plugins.py).
 """
 
 from __future__ import annotations

@@ -2,24 +2,16 @@
 
 `ResidualPass` runs the plain PyTorch module inside a TransformerLens bridge (no bridge hooks:
 about half the time of `run_with_cache` on the small models here) with PyTorch hooks that keep,
-per layer, what the bridge's hooks would have cached:
+per layer l, the tensors the bridge's hooks would have cached (TransformerLens names): `pre[l]`
+(`blocks.l.hook_resid_pre`), `attn[l]` (the attention output as it enters the stream, after any
+hook already on the attention module), `mid[l]` (`hook_resid_mid` = pre + attn), `pattern[l]`
+([batch, head, query, key]), `z[l]` (`attn.hook_z` after any hook on W_O's input, flattened to
+[batch, pos, head x d_head]), `post` (the last block's `hook_resid_post`), and with `outputs=True`
+`attn_out[l]` and `mlp_out[l]` (as they leave the module, before any hook on it: what the ablation
+probe replaces; `mlp_out` empty for an attention-only model); and the logits.
 
-- `pre[l]`: the residual stream into block l (`blocks.l.hook_resid_pre`, after any hook on it);
-- `attn[l]`: its attention output as it enters the stream: after any hook already on the
-  attention module, such as an intervention's (`blocks.l.hook_attn_out` caches it before such a
-  hook, and is the same without one);
-- `mid[l]`: the stream after the attention (`blocks.l.hook_resid_mid`, = pre + attn);
-- `pattern[l]`: the attention pattern [batch, head, query, key] (`blocks.l.attn.hook_pattern`);
-- `z[l]`: the heads' outputs as they enter W_O, [batch, pos, head x d_head] (`blocks.l.attn.hook_z`,
-  flattened: after any hook already on W_O's input, as the bridge's);
-- `post`: the stream out of the last block (`blocks.<last>.hook_resid_post`);
-- with `outputs=True`, `attn_out[l]` and `mlp_out[l]`: the attention layer's and the MLP's
-  outputs as they leave the module, before any hook already on it (`blocks.l.hook_attn_out`,
-  `blocks.l.hook_mlp_out`: what the ablation replaces; `mlp_out` is empty for an
-  attention-only model);
-
-and the logits. Hooks already on the model (an intervention's) act as in any forward pass. The
-same tensors as the bridge's hooks (tests/integration/test_tracr_compare.py compares them).
+Hooks already on the model (an intervention's) act as in any forward pass. The same tensors as
+the bridge's hooks (tests/integration/test_tracr_compare.py compares them).
 """
 
 from __future__ import annotations
