@@ -1,19 +1,18 @@
 """Checkpoints on a schedule, plus a rolling `last.ckpt`, written atomically.
 
-`step=<N>.ckpt` holds the state after N optimizer steps (step 0: the initial weights).
-By default the schedule is the probes' (`ProbeRunner`'s shared schedule): post-hoc analysis sees the steps that the live probes saw. While the transition
-watcher has an onset pending (adaptive resolution, callbacks/transitions.py), a checkpoint is
-also kept at each step of its dense grid. `last.ckpt` is refreshed every `last_every` steps, at the
-end, and at the step where SIGTERM arrived (Lightning then stops the run after that step), so a
-killed run loses at most that many steps and a terminated one none. At a step where validation runs, the save waits until validation
-has logged, so the checkpoint includes it. Every file is written under a temporary name
-and renamed into place: a crash never leaves a half-written checkpoint under a real name,
-and a full disk stops the run with one line (DiskFull) and no temporary file left.
+`step=<N>.ckpt` holds the state after N optimizer steps (step 0: the initial weights). By default
+the schedule is the probes' (post-hoc analysis sees the steps the live probes saw), plus, while the
+transition watcher has an onset pending, the steps of its dense grid (`dense_now`), thinned to at
+most `dense_per_decade` per tenfold of steps. Step checkpoints of the default schedule exist for
+post-hoc probes and hold the weights only; those of an explicit `schedule` are resume points and
+hold the full state (`weights_only` overrides both). `last.ckpt` always holds the full state: it is
+refreshed every `last_every` steps, at the end, and at the step where SIGTERM arrived. At a step
+where validation runs, the save waits until validation has logged. Every file is written under a
+temporary name and renamed into place; a full disk stops the run with one line (DiskFull).
 
-Resume without gaps or duplicates: each checkpoint stores `checkpoint_state()` of every
-logger that has one (`CheckpointStateLogger`: the run folder's file sizes); on resume the
-callback hands it back to `restore_checkpoint_state(state, step)`, which cuts away what was
-logged after the checkpoint and is about to be logged again.
+Resume without gaps or duplicates: a full checkpoint stores `checkpoint_state()` of every
+`CheckpointStateLogger`; on resume `restore_checkpoint_state(state, step)` cuts away what was
+logged after it. The README's "The run folder" says what a default run writes and how big.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from phasewatch.callbacks.probes import ProbeRunner
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_now
 from phasewatch.errors import DiskFull, is_disk_full
-from phasewatch.rundir import LAST_CHECKPOINT, checkpoint_name
+from phasewatch.rundir import LAST_CHECKPOINT, checkpoint_name, step_checkpoints
 from phasewatch.tasks.base import require_int
 
 
@@ -42,14 +41,26 @@ class ScheduledCheckpoints(Checkpoint):
         dirpath: where to write (default: the run folder's checkpoint folder).
         schedule: when to keep a permanent checkpoint (default: at every step of the probes'
             schedule; 30 log-spaced steps when no probes run).
-        last_every: refresh last.ckpt every this many steps.
+        last_every: refresh last.ckpt (the full state) every this many steps.
+        weights_only: whether step checkpoints hold the weights only (a third of the size with
+            AdamW, but no resuming from them). Default (null): weights only on the default
+            schedule, the full state on an explicit `schedule`.
+        dense_per_decade: keep at most this many of the dense grid's extra checkpoints per
+            tenfold of steps: one is skipped when the step checkpoint before it is within a
+            factor 10**(1/dense_per_decade); 0 keeps none, null every one. The schedule's own
+            steps are always kept.
     """
 
-    def __init__(self, dirpath: str | None = None, schedule: Schedule | None = None, last_every: int = 200):
+    def __init__(self, dirpath: str | None = None, schedule: Schedule | None = None, last_every: int = 200,
+                 weights_only: bool | None = None, dense_per_decade: int | None = 30):
         require_int(last_every, "checkpoints.last_every", 1)
+        if dense_per_decade is not None:
+            require_int(dense_per_decade, "checkpoints.dense_per_decade", 0)
         self.dirpath = dirpath
         self.schedule = schedule.validate() if schedule is not None else None
         self.last_every = last_every
+        self.weights_only = (self.schedule is None) if weights_only is None else bool(weights_only)
+        self.dense_per_decade = dense_per_decade
         self._steps: set[int] = set()
         self._trainer: pl.Trainer | None = None
         self._restored_logger_states: list | None = None
@@ -94,13 +105,13 @@ class ScheduledCheckpoints(Checkpoint):
 
     # --- saving ---------------------------------------------------------------------
 
-    def _save(self, trainer: pl.Trainer, name: str, copy_to_last: bool = False) -> None:
+    def _save(self, trainer: pl.Trainer, name: str, weights_only: bool = False, copy_to_last: bool = False) -> None:
         path = Path(self.dirpath) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         last_tmp = path.with_name(LAST_CHECKPOINT + ".tmp")
         try:
-            trainer.save_checkpoint(tmp, weights_only=False)
+            trainer.save_checkpoint(tmp, weights_only=weights_only)
             if trainer.is_global_zero:
                 if copy_to_last:  # the same bytes: copy rather than serialise twice
                     shutil.copyfile(tmp, last_tmp)
@@ -117,10 +128,24 @@ class ScheduledCheckpoints(Checkpoint):
 
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
-        if step in self._steps or dense_now(trainer):
-            self._save(trainer, checkpoint_name(step), copy_to_last=True)
-        elif step % self.last_every == 0 or getattr(trainer, "received_sigterm", False):
+        last_due = step % self.last_every == 0 or getattr(trainer, "received_sigterm", False)
+        if step in self._steps or (dense_now(trainer) and self._dense_kept(step)):
+            self._save(trainer, checkpoint_name(step), self.weights_only, copy_to_last=not self.weights_only)
+            if self.weights_only and last_due:
+                self._save(trainer, LAST_CHECKPOINT)
+        elif last_due:
             self._save(trainer, LAST_CHECKPOINT)
+
+    def _dense_kept(self, step: int) -> bool:
+        """Whether a dense-grid checkpoint at `step` is kept (`dense_per_decade`): the step
+        checkpoint before it, as the folder holds it (so a resumed run thins alike), is more
+        than a factor 10**(1/dense_per_decade) earlier."""
+        if self.dense_per_decade is None:
+            return True
+        if self.dense_per_decade == 0:
+            return False
+        before = [s for s in step_checkpoints(self.dirpath) if s < step]
+        return not before or step >= before[-1] * 10 ** (1 / self.dense_per_decade)
 
     @staticmethod
     def _validation_due(trainer: pl.Trainer) -> bool:

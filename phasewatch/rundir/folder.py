@@ -65,13 +65,14 @@ def step_checkpoints(directory: str | os.PathLike) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def read_checkpoint(path: str | os.PathLike, field: str = "ckpt_path") -> dict[str, Any]:
+def read_checkpoint(path: str | os.PathLike, field: str = "ckpt_path", resume: bool = False) -> dict[str, Any]:
     """A checkpoint's contents, loaded without running any code: `torch.load(weights_only=True)`
     takes tensors and plain Python data only, which is all a phasewatch checkpoint holds, and
     refuses a pickle that names anything else (a crafted file's `os.system`, say) before
     calling it. ConfigError naming the file, what is wrong and the newest other step
     checkpoint beside it, when the file is missing, truncated, corrupt, holds other objects,
-    or is not a Lightning checkpoint."""
+    or is not a Lightning checkpoint; with `resume`, also when it holds the weights only (a
+    post-hoc checkpoint: no optimizer state to resume training from)."""
     import pickle
 
     import torch
@@ -95,7 +96,35 @@ def read_checkpoint(path: str | os.PathLike, field: str = "ckpt_path") -> dict[s
         raise ConfigError(field, f"{path} is truncated or corrupt ({type(err).__name__}: {err})", fix) from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         raise ConfigError(field, f"{path} is not a phasewatch checkpoint (no state_dict and global_step)", fix)
+    if resume and "optimizer_states" not in ckpt:
+        full = [p for p in others if is_resume_point(p)]
+        raise ConfigError(field, f"{path} holds the weights only (a checkpoint for post-hoc probes), so training "
+                                 "cannot resume from it",
+                          f"Resume from {path.parent / LAST_CHECKPOINT} (--ckpt_path last)"
+                          + (f" or {full[0]}" if full else "") + "; checkpoints.schedule's steps are resume points.")
     return ckpt
+
+
+def is_resume_point(path: str | os.PathLike) -> bool:
+    """Whether a checkpoint file holds the full training state (optimizer included), read
+    without loading its tensors' data: a weights-only one cannot resume training."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mapped, not read
+    except Exception:  # noqa: BLE001 - unreadable: not a resume point
+        return False
+    return isinstance(ckpt, dict) and "optimizer_states" in ckpt
+
+
+def format_size(n_bytes: int) -> str:
+    """A size as people read it: `512 B`, `3.4 MB`, `1.2 GB` (powers of 1000, as `du --si`)."""
+    size, unit = float(n_bytes), "B"
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            break
+        size /= 1000
+    return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
 def _array_name(step: int) -> str:
@@ -316,6 +345,11 @@ class RunFolder:
             return []
         tables = [p for p in self.diffs.glob("*.csv") if not p.name.endswith("_inputs.csv")]
         return [p.stem for p in sorted(tables, key=lambda p: p.stat().st_mtime)]
+
+    def size_bytes(self) -> int:
+        """The bytes of every file in the folder (checkpoints, arrays, W&B files, ...), for the
+        end-of-run summary; 0 when it does not exist. `format_size` writes it for people."""
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file()) if self.root.is_dir() else 0
 
     def checkpoint_steps(self) -> dict[int, Path]:
         """step -> checkpoint file, for the run's step checkpoints, in step order."""

@@ -170,7 +170,7 @@ class PhasewatchCLI(LightningCLI):
             return None
         if self._resumed is not None and self._resumed[0] == cfg.ckpt_path:
             return self._resumed[1]
-        return read_checkpoint(cfg.ckpt_path)["global_step"]
+        return read_checkpoint(cfg.ckpt_path, resume=True)["global_step"]
 
     def _population_trainer(self, cfg: Namespace, store: RunFolder, kwargs: dict[str, Any]):
         """The trainer of `--population.seeds`: every member built by this parser from its own
@@ -419,7 +419,7 @@ def resume_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None
             raise ConfigError("ckpt_path", "'last' needs the run folder to resume",
                               "Pass --run_dir runs/<name> together with --ckpt_path last.")
         # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
-        return argv, (ckpt, read_checkpoint(ckpt)["global_step"]), None
+        return argv, (ckpt, read_checkpoint(ckpt, resume=True)["global_step"]), None
     store = RunFolder(run_dir)
     if _flag_value(argv, "--config") is None and _flag_value(argv, "-c") is None:
         if not store.config.exists():
@@ -437,7 +437,7 @@ def resume_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None
         ckpt = str(store.last_checkpoint)
         argv = _set_flag(argv, "--ckpt_path", ckpt)
     # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
-    return argv, (ckpt, read_checkpoint(ckpt)["global_step"]), untrusted
+    return argv, (ckpt, read_checkpoint(ckpt, resume=True)["global_step"]), untrusted
 
 
 #: errors raise (parse_arguments turns them into one line) instead of printing the usage and exiting
