@@ -6,8 +6,9 @@ module inside a bridge, its state-dict keys, and the importers of other code's m
 - `paper_checkpoint`: checkpoints of the progress-measures paper's code (Nanda et al. 2023).
 - `tracr_convert`: tracr's compiled transformers, converted by TransformerLens, and
   their saved form.
+- `compiled`: the compiled reference of a RASP program (checked, described, cached on disk).
 
-Everything else (probes, callbacks, trainers) reaches TransformerLens only through the
+Everything else (probes, callbacks, training) reaches TransformerLens only through the
 public bridge (`model.cfg`, hooks, weight views such as `W_E`) and these functions.
 """
 
