@@ -7,7 +7,7 @@ Scalars join the run's metrics under each checkpoint's step, arrays the run's ar
 series' transitions, detected over all checkpoints, replace their earlier events (without
 `detected_at`: found offline). Options are the run's `probes.options` updated with `--options`,
 then completed from the last checkpoint (`Probe.final_options`); each analysis is recorded in
-the folder's list of analyses, and the values go to a W&B run of their own (README, "Running things").
+the folder's list of analyses, and the values go to a W&B run of their own (README, "W&B").
 
 Public: `analyze_run`, `analyze_run_command` (the CLI), `load_run_module`, `resolve_device`.
 Refuses (ConfigError, nothing written): no config or checkpoints, an unknown or inapplicable
@@ -26,7 +26,7 @@ import torch
 
 from phasewatch.callbacks.probes import frozen_copy, measure, record_results
 from phasewatch.probes import check_options, get_probe
-from phasewatch.probes.keys import is_detail
+from phasewatch.probes.keys import declared_scale, is_detail
 from phasewatch.rundir import RunFolder, is_number, read_checkpoint
 from phasewatch.errors import ConfigError
 from phasewatch.training.lightning_cli import load_run_config
@@ -197,7 +197,7 @@ def record_transitions(store: RunFolder, keys: set[str]) -> list[dict]:
     from phasewatch.phases.detector import detect_all
 
     watched = {k: v for k, v in store.series().items() if k in keys and not is_detail(k)}
-    events = detect_all(watched)  # offline detection: no detected_at (DESIGN.md)
+    events = detect_all(watched, declared=declared_scale)  # offline: no detected_at (phases/events.py)
     old = store.read_events()
     kept = [e for e in old if e.get("metric") not in keys]
     if len(kept) != len(old):
