@@ -24,10 +24,10 @@ import numpy as np
 
 from phasewatch.rundir import read_jsonl
 
-#: a minimum of the activity between two maxima splits them into two stages when it is at most
-#: this fraction of the lower maximum (two transitions of equal width are then split when their
-#: 10-90% parts are apart, and kept together when those parts overlap; docs/stages.md)
-DIP = 0.6
+#: transitions are one stage while their midpoints are one time up to their own widths at this
+#: level: the chi-squared of the midpoints about their mean (each in units of its change's
+#: logistic width in log-step time) within this quantile (docs/stages.md)
+LEVEL = 0.95
 #: the narrowest half-bump in decades of steps (a jump between two logged steps has onset =
 #: end: its rate of change is spread over at least this much log-time)
 MIN_WIDTH = 0.01
@@ -167,23 +167,64 @@ def _bumps(events: list[dict], grid: np.ndarray) -> np.ndarray:
     return out
 
 
-def _segments(activity: np.ndarray, dip: float) -> list[int]:
-    """Grid indices of the cuts between stages: the minima between the activity's maxima, the
-    shallowest merged away first while its height is over `dip` x the lower maximum around it."""
-    a = activity
-    interior = np.arange(1, len(a) - 1)
-    peaks = list(interior[(a[1:-1] >= a[:-2]) & (a[1:-1] > a[2:])])
-    if len(peaks) < 2:
-        return []
-    troughs = [p + int(np.argmin(a[p:q + 1])) for p, q in zip(peaks, peaks[1:])]
-    while troughs:
-        ratio = [a[t] / min(a[peaks[k]], a[peaks[k + 1]]) for k, t in enumerate(troughs)]
-        k = int(np.argmax(ratio))
-        if ratio[k] <= dip:
+def _chi2_quantile(p: float, dof: int) -> float:
+    """The p quantile of chi-squared with `dof` degrees of freedom (Wilson-Hilferty; within 1%
+    of the exact value from 1 degree of freedom at the levels used here)."""
+    z = math.sqrt(2) * _erfinv(2 * p - 1)
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def _erfinv(x: float) -> float:
+    """The inverse error function, by Newton's method from Winitzki's approximation."""
+    a = 0.147
+    ln = math.log(1 - x * x)
+    y = math.copysign(math.sqrt(math.sqrt((2 / (math.pi * a) + ln / 2) ** 2 - ln / a) - (2 / (math.pi * a) + ln / 2)), x)
+    for _ in range(3):
+        y -= (math.erf(y) - x) / (2 / math.sqrt(math.pi) * math.exp(-y * y))
+    return y
+
+
+def _scale(event: dict, series: dict) -> float:
+    """How exactly an event's midpoint can stand for its time, in decades: its change's logistic
+    width in log-step time, at least the log-gap between the series' logged steps around its
+    midpoint (a jump between two logged steps is anywhere between them)."""
+    onset, mid, end = _times(event)
+    width = (end - onset) / (2 * _LN9)
+    data = series.get(event["metric"])
+    if data is not None and len(data[0]) >= 2:
+        t = np.log10(np.maximum(np.unique(np.asarray(data[0], dtype=float)), 1.0))
+        k = int(np.clip(np.searchsorted(t, mid), 1, len(t) - 1))
+        width = max(width, float(t[k] - t[k - 1]))
+    return max(width, MIN_WIDTH)
+
+
+def _clusters(events: list[dict], series: dict, level: float) -> list[list[dict]]:
+    """Events whose midpoints are one time up to their own scales (`_scale`): neighbours in
+    midpoint order merged, the pair adding least chi-squared first, while the merged group's
+    chi-squared (of its midpoints about their weighted mean) stays within its `level` quantile
+    (n - 1 degrees of freedom)."""
+    events = sorted(events, key=lambda e: _times(e)[1])
+    t = np.array([_times(e)[1] for e in events])
+    weight = 1 / np.array([_scale(e, series) for e in events]) ** 2
+    sums = [np.concatenate([[0.0], np.cumsum(x)]).tolist() for x in (weight, weight * t, weight * t * t)]
+
+    def misfit(i: int, j: int) -> float:  # events i..j-1
+        w, wt, wtt = (c[j] - c[i] for c in sums)
+        return max(wtt - wt * wt / w, 0.0)
+
+    bar = [0.0] + [_chi2_quantile(level, n) for n in range(1, len(events))]
+    cuts = list(range(len(events) + 1))  # group k is events cuts[k]..cuts[k+1]-1
+    while len(cuts) > 2:
+        best, k_best = math.inf, None
+        for k in range(len(cuts) - 2):
+            i, m, j = cuts[k], cuts[k + 1], cuts[k + 2]
+            chi2 = misfit(i, j)
+            if chi2 <= bar[j - i - 1] and chi2 - misfit(i, m) - misfit(m, j) < best:
+                best, k_best = chi2 - misfit(i, m) - misfit(m, j), k
+        if k_best is None:
             break
-        del troughs[k]
-        del peaks[k if a[peaks[k]] < a[peaks[k + 1]] else k + 1]
-    return troughs
+        del cuts[k_best + 1]
+    return [events[i:j] for i, j in zip(cuts, cuts[1:])]
 
 
 def _qualifies(members: list[dict], rules: StageRules) -> bool:
@@ -192,16 +233,11 @@ def _qualifies(members: list[dict], rules: StageRules) -> bool:
             or any(m["metric"] in rules.headline for m in members))
 
 
-def _group(events: list[dict], rules: StageRules, dip: float) -> list[list[dict]]:
-    """The events of each stage: cut at the activity's deep minima; groups that do not qualify
-    are taken out and the rest cut again, until every group qualifies."""
+def _group(events: list[dict], series: dict, rules: StageRules, level: float) -> list[list[dict]]:
+    """The events of each stage (`_clusters`); groups that do not qualify are taken out and the
+    rest grouped again, until every group qualifies."""
     while events:
-        times = np.array([_times(e) for e in events])
-        grid = np.linspace(times[:, 0].min() - 0.2, times[:, 2].max() + 0.2, GRID)
-        cuts = grid[_segments(_bumps(events, grid).sum(axis=0), dip)]
-        which = np.searchsorted(cuts, times[:, 1])
-        groups = [[e for e, w in zip(events, which) if w == k] for k in range(len(cuts) + 1)]
-        groups = [g for g in groups if g]
+        groups = _clusters(events, series, level)
         kept = [e for g in groups if _qualifies(g, rules) for e in g]
         if len(kept) == len(events):
             return groups
@@ -294,14 +330,14 @@ def _carry_ids(stages: list[Stage], previous: Sequence[Stage]) -> None:
 
 
 def detect_stages(events: Iterable, series: dict, rules: StageRules | None = None,
-                  previous: Sequence[Stage] | None = None, dip: float = DIP) -> list[Stage]:
+                  previous: Sequence[Stage] | None = None, level: float = LEVEL) -> list[Stage]:
     """The stages of a run, in order (module docstring). `events`: per-series transitions;
     `series`: metric -> (steps, values) (for sizes, signatures' `run_has` and types);
     `previous`: the stages of an earlier call, whose ids carry over."""
     rules = rules or StageRules()
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
     stages = []
-    for k, members in enumerate(_group(usable, rules, dip), start=1):
+    for k, members in enumerate(_group(usable, series, rules, level), start=1):
         members = sorted(members, key=lambda m: (m["midpoint"], m["metric"]))
         for m in members:
             m["series"], m["size"] = m["metric"], _size(m, series)

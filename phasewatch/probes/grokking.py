@@ -38,6 +38,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phasewatch.models import native_module
+from phasewatch.phases.stages import Signature
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.errors import ConfigError
@@ -252,6 +253,23 @@ def _applies(task) -> bool:
     return isinstance(task, ModularAddition) and task.op == "+" and task.p > 2 and is_prime(task.p)
 
 
+_GROKKING_RUN = r"grok/restricted_loss"
+_TRAIN, _TEST = "train/acc up | train/loss down", ("val/acc up", "val/loss down")
+#: the three phases of Nanda et al. 2023 (section 5.1), by what moves in them (docs/stages.md)
+STAGES = (
+    Signature("memorisation", moves=(_TRAIN,), absent=_TEST, run_has=_GROKKING_RUN,
+              source="Nanda et al. 2023, sec. 5.1: the train loss falls, the test loss does not"),
+    Signature("circuit formation", moves=("grok/restricted_loss down | grok/excluded_loss up",),
+              absent=(_TRAIN,) + _TEST, run_has=_GROKKING_RUN,
+              source="Nanda et al. 2023, sec. 5.1: the restricted loss falls and the excluded loss rises while "
+                     "the train and test losses stay"),
+    Signature("cleanup", moves=("val/loss down | val/acc up",
+                                "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up"),
+              absent=(_TRAIN,), run_has=_GROKKING_RUN,
+              source="Nanda et al. 2023, sec. 5.1: the test loss falls as the weight norm falls and the Gini "
+                     "coefficients rise"),
+)
+
 KEYS = KeyFamilies(
     detail=r"^grok/key_freq/|^grok/excluded_loss/\d",  # per frequency
     tracked="key_freqs",
@@ -261,6 +279,7 @@ KEYS = KeyFamilies(
             Panel("share of W_L in each key frequency", "grok/key_freq/")),
     hidden=("grok/n_key_freqs", "grok/key_logit_fraction", "grok/excluded_loss/"),
     headline=("grok/restricted_loss", "grok/excluded_loss", "grok/weight_norm"),
+    stages=STAGES,
 )
 
 

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from phasewatch.models import head_label
 from phasewatch.probes.composition import composition_matrix
+from phasewatch.phases.stages import Signature
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.base import step_generator
@@ -200,6 +201,10 @@ KEYS = KeyFamilies(
             Panel("previous-token score per head", "heads/prev_token/L")),
     hidden=("heads/", "icl/loss_gap"),
     headline=("icl/loss_gap", "heads/induction/max", "heads/prev_token/max"),
+    stages=(Signature("induction heads form",
+                      moves=("heads/induction/max up", "icl/loss_gap down | icl/second_copy_loss down"),
+                      source="Olsson et al. 2022, sec. 3 (argument 1): induction heads form as in-context learning "
+                             "improves, in one phase change"),),
 )
 
 
