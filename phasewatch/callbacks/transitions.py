@@ -51,15 +51,18 @@ import lightning.pytorch as pl
 import numpy as np
 
 from phasewatch.loggers.run_folder import log_event, logged_series
+from phasewatch.callbacks.console import say
 from phasewatch.callbacks.schedule import Schedule
-from phasewatch.probes.keys import is_detail
-from phasewatch.phases.detector import departure, detect_transitions
+from phasewatch.probes.keys import declared_scale, headline_keys, is_detail
+from phasewatch.phases.detector import DECADE_CHANGE, TOGETHER, departure, detect_transitions, together
+from phasewatch.phases.events import Event
+from phasewatch.phases.scale import LOG, watch_scale
 from phasewatch.errors import require, require_int
 from phasewatch.rundir import is_number
 
 #: two events are the same transition when their spans, each widened by this factor in log-step,
-#: overlap (estimates move a little as the series grows)
-SAME = 1.5
+#: overlap (estimates move a little as the series grows): the detector's `together`
+SAME = TOGETHER
 #: an onset is withdrawn when the run reaches this multiple of the last step at which it was found
 WITHDRAW = 2.0
 #: a confirmed transition found again with more than this factor of its magnitude is a new one
@@ -74,10 +77,15 @@ SURE = 10.0
 SURE_ENOUGH = 0.95
 
 
+#: by default a confirmed transition of a headline key is printed when it moved the series by at
+#: least this fraction of the series' largest absolute value (linear scale) ...
+SHOWN_FRACTION = 0.05
+#: ... or by this factor (log scale: a halving or a doubling)
+SHOWN_FACTOR = 10**DECADE_CHANGE
+
+
 def _same(a: dict, b: dict) -> bool:
-    return (a["metric"] == b["metric"] and a["direction"] == b["direction"]
-            and a["onset"] / SAME <= b.get("end", b["onset"]) * SAME
-            and b["onset"] / SAME <= a.get("end", a["onset"]) * SAME)
+    return a["metric"] == b["metric"] and a["direction"] == b["direction"] and together(a, b)
 
 
 def _continues(pending: dict, event: dict) -> bool:
@@ -152,11 +160,14 @@ class TransitionWatcher(pl.Callback):
         only from the detector's changes under way)...
     departure_z: ... by this many standard errors (5): a higher bar says fewer onsets that come
         to nothing and says the others later (bench/README.md, `live_latency.py --frontier`).
+    verbose: print every event (onsets, withdrawals, every watched series); by default only the
+        confirmed transitions of headline keys that are not trivially small (`_worth_saying`) and
+        a summary at the end. Every event goes to the loggers either way.
     """
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
                  points_after: int = 3, regrow: float = 0.1, dense: bool = True, dense_count: int = 200, dense_for: float = 3.0,
-                 departures: bool = True, departure_z: float = 5.0):
+                 departures: bool = True, departure_z: float = 5.0, verbose: bool = False):
         self.metrics, self.every, self.settle, self.departures = metrics, max(1, int(every_n_validations)), settle, departures
         self.points_after, self.regrow, self.dense, self.dense_for = points_after, regrow, dense, dense_for
         require_int(dense_count, "transitions.dense_count", 2)
@@ -164,7 +175,7 @@ class TransitionWatcher(pl.Callback):
                 f"{departure_z!r} is not a number of standard errors",
                 "Give a number > 0 (5 by default; higher for fewer onsets that come to nothing, said later), "
                 "or --transitions.departures false for no departure test.")
-        self.dense_count, self.departure_z = dense_count, float(departure_z)
+        self.dense_count, self.departure_z, self.verbose = dense_count, float(departure_z), bool(verbose)
         self.reported: list[dict[str, Any]] = []  # every event reported, in order
         self.pending: list[dict[str, Any]] = []  # onsets not yet confirmed or withdrawn
         self._candidates: dict[str, list[dict]] = {}  # series -> transitions found settled but not yet twice
@@ -209,10 +220,34 @@ class TransitionWatcher(pl.Callback):
 
     def look(self, trainer: pl.Trainer, step: int, final: bool = False) -> list[dict]:
         """Detect in every watched series logged so far; report and return the new events."""
-        new = self.update(logged_series(trainer), step, final)
+        series = logged_series(trainer)
+        new = self.update(series, step, final)
         for event in new:
-            self._announce(trainer, event)
+            if self.verbose or self._worth_saying(event, series):
+                say(trainer, _line(trainer, event, series))
+            log_event(trainer, event)
+        if final:
+            say(trainer, self._summary(trainer))
         return new
+
+    def _worth_saying(self, event: dict, series: dict) -> bool:
+        """Printed without `verbose`: a confirmed transition of a headline key that moved the
+        series by at least `SHOWN_FRACTION` of its largest absolute value (on a linear scale) or by
+        a factor of `SHOWN_FACTOR` (on a log scale), between its onset and end."""
+        if event["stage"] != "confirmed" or event["metric"] not in headline_keys():
+            return False
+        before, after = _levels(event, series)
+        if event.get("scale") == LOG:
+            return max(before, after) >= SHOWN_FACTOR * min(before, after)
+        return abs(after - before) >= SHOWN_FRACTION * float(np.nanmax(np.abs(series[event["metric"]][1])))
+
+    def _summary(self, trainer: pl.Trainer) -> str:
+        """The end-of-run line: how many transitions were confirmed, in which series, where the rest is."""
+        confirmed = [e for e in self.reported if e.get("stage") == "confirmed"]
+        member = f"{trainer.member}: " if getattr(trainer, "member", None) else ""
+        hint = "" if self.verbose else " (--transitions.verbose true prints them all)"
+        return (f"phasewatch: {member}{len(confirmed)} transitions confirmed in {len({e['metric'] for e in confirmed})} "
+                f"series; every event, onsets and withdrawals included, is in the run folder's events{hint}")
 
     def update(self, series: dict, step: int, final: bool = False) -> list[dict]:
         """The new events at `step` given the series so far ({key: (steps, values)}), recorded
@@ -225,12 +260,14 @@ class TransitionWatcher(pl.Callback):
             due = final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen
                                                    or self._under_way(key, step)))
             left = None
+            scale = watch_scale(values, declared_scale(key))  # the same choice as `phasewatch phases`
             if self.departures and not final and len(steps) > self._departed.get(key, 0):
                 self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
-                left = departure(steps, values, key, bar=self.departure_z)
+                left = departure(steps, values, key, log_values=scale == LOG, bar=self.departure_z)
+                left = left and {**left, "scale": scale}
             if due:
                 self._looked[key] = len(steps)
-            found = detect_transitions(steps, values, key, in_progress=not final) if due else None
+            found = detect_transitions(steps, values, key, in_progress=not final, scale=scale) if due else None
             if found is not None or left is not None:
                 new += self._judge(key, steps, found, step, final, left)
         for event in new:
@@ -268,7 +305,7 @@ class TransitionWatcher(pl.Callback):
             seen = pending or any(_same(c, event) for c in self._candidates.get(key, []))
             if event["kind"] == "transition" and (final or (settled and seen)):
                 self.pending = [p for p in self.pending if all(p is not q for q in pending)]
-                new.append({**event, "stage": "confirmed"})
+                new.append(Event.from_dict({**event, "stage": "confirmed"}).to_dict())
             elif settled or not (seen or final or event["snr"] >= SURE):  # said when the next look finds it again
                 candidates.append(event)
             elif not final and not pending and sum(s >= event["onset"] for s in steps) >= ONSET_POINTS:
@@ -288,14 +325,16 @@ class TransitionWatcher(pl.Callback):
                 # at the end nothing stays pending (what the last look confirmed has left the list)
                 self.pending.remove(p)
                 reason = "training ended" if final else "not found again"
-                new.append({k: p[k] for k in ("metric", "direction", "onset")} | {"stage": "withdrawn", "reason": reason})
+                new.append(Event(p["metric"], p["direction"], p["onset"], scale=p.get("scale"), stage="withdrawn",
+                                 reason=reason).to_dict())
         return new
 
     def _onset(self, event: dict, step: int, matched: set[int]) -> dict:
         """Make `event` (the detector's change under way, or a departure) a pending onset found
         at `step`; its event (the pending copy also keeps when it was last seen)."""
-        onset = {k: event[k] for k in ("metric", "direction", "onset", "snr", "confidence")}
-        self.pending.append({**onset, "stage": "onset", "detected_at": int(step)})
+        onset = Event(event["metric"], event["direction"], event["onset"], snr=event["snr"],
+                      confidence=event["confidence"], scale=event.get("scale"), stage="onset", detected_at=int(step))
+        self.pending.append(onset.to_dict())
         matched.add(id(self.pending[-1]))
         return dict(self.pending[-1])
 
@@ -313,24 +352,6 @@ class TransitionWatcher(pl.Callback):
                         if "magnitude" in event else not _after(event, r, steps))
                    for r in [*self.reported, *also])
 
-    @staticmethod
-    def _announce(trainer: pl.Trainer, event: dict) -> None:
-        at, metric, direction = event["detected_at"], event["metric"], event["direction"]
-        at = f"{trainer.member} step {at}" if getattr(trainer, "member", None) else f"step {at}"  # a population's
-        if event["stage"] == "onset":
-            print(f"phasewatch: {at}: transition under way in {metric} ({direction}) since step {event['onset']}")
-        elif event["stage"] == "withdrawn" and event["reason"] == "training ended":
-            print(f"phasewatch: {at}: withdrawn: training ended before the change in {metric} ({direction}) "
-                  f"from step {event['onset']} was confirmed as a transition")
-        elif event["stage"] == "withdrawn":
-            print(f"phasewatch: {at}: withdrawn: the change in {metric} ({direction}) from step "
-                  f"{event['onset']} was not a transition")
-        else:
-            print(f"phasewatch: {at}: transition in {metric} ({direction}) "
-                  f"from step {event['onset']} to {event['end']}, midpoint {event['midpoint']}, "
-                  f"magnitude {event['magnitude']:.4g}")
-        log_event(trainer, event)
-
     # --- resume -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -346,6 +367,31 @@ class TransitionWatcher(pl.Callback):
         self._candidates = dict(state_dict.get("candidates", {}))
         self._looked = dict(state_dict.get("looked", {}))
         self._departed = dict(state_dict.get("departed", {}))
+
+
+def _levels(event: dict, series: dict) -> tuple[float, float]:
+    """The series' values at a transition's onset and end (interpolated between logged points)."""
+    steps, values = (np.asarray(x, dtype=float) for x in series[event["metric"]])
+    ok = np.isfinite(values)
+    before, after = np.interp([event["onset"], event["end"]], steps[ok], values[ok])
+    return float(before), float(after)
+
+
+def _line(trainer: pl.Trainer, event: dict, series: dict) -> str:
+    """The console line of an event (`series`: the series so far, for a transition's levels)."""
+    at, metric, direction = event["detected_at"], event["metric"], event["direction"]
+    at = f"{trainer.member} step {at}" if getattr(trainer, "member", None) else f"step {at}"  # a population's
+    if event["stage"] == "onset":
+        return f"phasewatch: {at}: transition under way in {metric} ({direction}) since step {event['onset']}"
+    if event["stage"] == "withdrawn" and event["reason"] == "training ended":
+        return (f"phasewatch: {at}: withdrawn: training ended before the change in {metric} ({direction}) "
+                f"from step {event['onset']} was confirmed as a transition")
+    if event["stage"] == "withdrawn":
+        return (f"phasewatch: {at}: withdrawn: the change in {metric} ({direction}) from step "
+                f"{event['onset']} was not a transition")
+    before, after = _levels(event, series)
+    return (f"phasewatch: {at}: transition in {metric} ({direction}) from step {event['onset']} to {event['end']}, "
+            f"midpoint {event['midpoint']}: {before:.3g} -> {after:.3g}{' (log scale)' if event.get('scale') == LOG else ''}")
 
 
 def dense_now(trainer: pl.Trainer) -> bool:

@@ -26,7 +26,7 @@ import torch
 
 from phasewatch.callbacks.probes import frozen_copy, measure, record_results
 from phasewatch.probes import check_options, get_probe
-from phasewatch.probes.keys import is_detail
+from phasewatch.probes.keys import declared_scale, is_detail
 from phasewatch.rundir import RunFolder, is_number, read_checkpoint
 from phasewatch.errors import ConfigError
 from phasewatch.training.lightning_cli import load_run_config
@@ -197,7 +197,7 @@ def record_transitions(store: RunFolder, keys: set[str]) -> list[dict]:
     from phasewatch.phases.detector import detect_all
 
     watched = {k: v for k, v in store.series().items() if k in keys and not is_detail(k)}
-    events = detect_all(watched)  # offline detection: no detected_at (DESIGN.md)
+    events = detect_all(watched, declared=declared_scale)  # offline: no detected_at (phases/events.py)
     old = store.read_events()
     kept = [e for e in old if e.get("metric") not in keys]
     if len(kept) != len(old):

@@ -7,8 +7,8 @@ the same way at comparable speeds are one transition. A transition is reported w
 `min_snr` standard errors, `min_range_fraction` of the fitted range, shown by the whole fitted curve
 over its 10-90% part, at most `max_duration` of the run, and ended; otherwise it can be a trend
 (`trends=True`), a change under way (`in_progress=True`); spikes are listed with `spikes=True`,
-never as transitions. Each event is DESIGN.md's (metric, direction, onset, midpoint, end,
-magnitude) plus kind, steepest, snr and confidence. `departure` tests whether a series' newest
+never as transitions. Events are `phases.events.Event`s as dicts (metric, direction, onset, midpoint,
+end, magnitude, kind, steepest, snr, confidence, scale). `departure` tests whether a series' newest
 points have left their recent trend (the live watcher's early onset). How and why, what each
 field means, and where it is blind: docs/phases.md.
 """
@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+
+from phasewatch.phases.events import Event
+from phasewatch.phases.scale import LINEAR, LOG, watch_scale
 
 
 @dataclasses.dataclass
@@ -31,13 +34,15 @@ class DetectorConfig:
         bins: number of equal-width bins in log-step time.
         penalty: the reduction in squared residual a step must buy, in noise variances x log(bins).
         min_snr: a transition's change is at least this many standard errors...
-        min_range_fraction: ... and at least this fraction of the fitted curve's range.
+        min_range_fraction: ... and at least this fraction of the fitted curve's range (in log10
+            values: or `DECADE_CHANGE` decades, whichever is less).
         steepness: steps in one transition are at most this many times steeper than one another
             (a slow decline after a drop is not part of the drop).
         max_duration: a transition's 10-90% part lasts at most this fraction of the run's log-time.
         max_steps: at most this many steps are fitted to one series.
-        log_values: False (default), True (log10 of the values), or "auto" (log10 for
-            positive series spanning two or more decades).
+        log_values: False (default), True (log10 of the values), or "auto" (`watch_scale` of an
+            undeclared series: log10 for positive series spanning two or more decades); a
+            `scale` given to `detect_transitions` overrides it.
     """
 
     bins: int = 200
@@ -71,6 +76,10 @@ MEDIAN_RESIDUAL = 0.73
 #: way by at least this fraction of the transition's own move (a step the fit uses to offset a line
 #: or another step where the series is flat is no change of the series)
 SUPPORT = 0.5
+#: in log10 values, a change by this many decades (a factor of 2) is large enough whatever the range: a
+#: loss that halves, then falls by six decades, has changed twice (`min_range_fraction` of the range
+#: alone would hide the first change behind the second)
+DECADE_CHANGE = math.log10(2)
 #: rounds of refinement after the greedy search
 ROUNDS = 2
 #: the 10-90% part of a logistic step lasts this many widths
@@ -84,14 +93,15 @@ WIDEST, N_WIDTHS = 0.5, 14
 
 
 def _prepare(steps: Sequence[float], values: Sequence[float], log_values) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Log-step times and values (log10 of the positive ones for `log_values` True, LOG, or "auto"
+    where `watch_scale` says so), finite points only, in step order; and whether in log10."""
     s = np.asarray(steps, dtype=float)
     v = np.asarray(values, dtype=float)
     keep = np.isfinite(v) & np.isfinite(s) & (s >= 1)
     s, v = s[keep], v[keep]
     order = np.argsort(s, kind="stable")
     s, v = s[order], v[order]
-    use_log = log_values is True or (
-        log_values == "auto" and len(v) > 0 and np.all(v > 0) and np.max(v) / np.min(v) >= 100)
+    use_log = log_values is True or log_values == LOG or (log_values == "auto" and watch_scale(v) == LOG)
     if use_log:
         keep = v > 0
         s, v = s[keep], np.log10(v[keep])
@@ -323,15 +333,16 @@ class _StepModel:
 
 def detect_transitions(
     steps: Sequence[float], values: Sequence[float], metric: str = "", config: DetectorConfig | None = None,
-    trends: bool = False, in_progress: bool = False, spikes: bool = False,
+    trends: bool = False, in_progress: bool = False, spikes: bool = False, scale: str | None = None,
 ) -> list[dict]:
-    """The transitions in one series, as event dicts (DESIGN.md), in step order; with
+    """The transitions in one series, as event dicts (phases/events.py), in step order, found on
+    `scale` (LOG: log10 of the values, LINEAR: the values; None: `config.log_values`); with
     `trends=True` also the changes that cannot be told from a trend (`kind: "trend"`), with
     `in_progress=True` also the changes that pass every test but have not ended yet
     (`kind: "in_progress"`: a transition under way at the series' last point), with `spikes=True`
     also the outliers left out of the fit (`kind: "spike"`, onset = midpoint = end = its step)."""
     cfg = config or DetectorConfig()
-    t, y, use_log = _prepare(steps, values, cfg.log_values)
+    t, y, use_log = _prepare(steps, values, cfg.log_values if scale is None else scale)
     if len(t) < 8 or np.ptp(t) == 0:
         return []
     spike, spike_z, spike_r = _outliers(t, y)
@@ -366,9 +377,10 @@ def _spike_event(metric: str, use_log: bool, t: float, level: float, value: floa
     """An outlier as an event of kind "spike": its step, direction and height above the points around it."""
     undo = (lambda v: 10**v) if use_log else (lambda v: v)
     step = int(round(10**t))
-    return {"metric": metric, "direction": "up" if value > level else "down", "onset": step, "midpoint": step,
-            "end": step, "magnitude": float(abs(undo(value) - undo(level))), "kind": "spike", "steepest": step,
-            "snr": round(abs(float(z)), 2), "confidence": round(_normal_cdf(abs(float(z)) - SPIKE_Z), 4)}
+    return Event(metric, "up" if value > level else "down", step, midpoint=step, end=step,
+                 magnitude=float(abs(undo(value) - undo(level))), kind="spike", steepest=step,
+                 snr=round(abs(float(z)), 2), confidence=round(_normal_cdf(abs(float(z)) - SPIKE_Z), 4),
+                 scale=LOG if use_log else LINEAR).to_dict()
 
 
 def _fit_steps(tb: np.ndarray, yb: np.ndarray, w: np.ndarray, noise: float, cfg: DetectorConfig):
@@ -433,13 +445,16 @@ class _Judge:
     def __post_init__(self):
         fitted = self.model.curve(self.steps, self.coef)
         self.range = float(np.ptp(fitted))
+        self.needed = self.cfg.min_range_fraction * self.range  # the size a change needs
+        if self.use_log:
+            self.needed = min(self.needed, DECADE_CHANGE)
         self.total = float(self.tb[-1] - self.tb[0])
 
     def _test(self, change: float, variance: float, noise: float) -> tuple[bool, float, float]:
         """Whether a change passes the noise and size tests, its snr, and the confidence."""
         error = noise * math.sqrt(max(variance, 0.0))
         snr = abs(change) / error if error > 0 else math.inf
-        needed = self.cfg.min_range_fraction * self.range
+        needed = self.needed
         confidence = 1.0 if error == 0 else (
             _normal_cdf(snr - self.cfg.min_snr) * _normal_cdf((abs(change) - needed) / error))
         return snr >= self.cfg.min_snr and abs(change) >= needed, snr, confidence
@@ -466,7 +481,7 @@ class _Judge:
         # another step where the series is flat): the whole fitted curve over its 10-90% part, per 80%
         whole = self.model.curve(self.steps, self.coef, np.array([onset, end]))
         seen = float(whole[1] - whole[0]) / 0.8 * np.sign(change)
-        if seen < SUPPORT * abs(change) or seen < self.cfg.min_range_fraction * self.range:
+        if seen < SUPPORT * abs(change) or seen < self.needed:
             return None
         slope = np.abs(np.gradient(curve, grid))
         steepest = float(grid[int(np.argmax(slope))])
@@ -507,10 +522,10 @@ class _Judge:
                steepest: float, snr: float, confidence: float) -> dict:
         undo = (lambda v: 10**v) if self.use_log else (lambda v: v)
         onset, midpoint, end = (int(round(10**x)) for x in times)
-        return {"metric": self.metric, "direction": "up" if change > 0 else "down", "onset": onset,
-                "midpoint": midpoint, "end": end, "magnitude": float(abs(undo(after) - undo(before))),
-                "kind": kind, "steepest": int(round(10**steepest)), "snr": round(float(snr), 2),
-                "confidence": round(float(confidence), 4)}
+        return Event(self.metric, "up" if change > 0 else "down", onset, midpoint=midpoint, end=end,
+                     magnitude=float(abs(undo(after) - undo(before))), kind=kind,
+                     steepest=int(round(10**steepest)), snr=round(float(snr), 2),
+                     confidence=round(float(confidence), 4), scale=LOG if self.use_log else LINEAR).to_dict()
 
 
 #: the windows of the departure test, in decades of steps back from the newest point
@@ -592,27 +607,44 @@ def _normal_cdf(z: float) -> float:
 
 
 def detect_all(series: dict[str, tuple[Sequence[float], Sequence[float]]], config: DetectorConfig | None = None,
-               trends: bool = False) -> list[dict]:
-    """Transitions (with `trends=True` also trends) of every series, ordered by midpoint."""
-    events = [e for name, (s, v) in series.items() for e in detect_transitions(s, v, name, config, trends)]
+               trends: bool = False, declared: Callable[[str], str | None] | None = None) -> list[dict]:
+    """Transitions (with `trends=True` also trends) of every series, ordered by midpoint. With
+    `declared` (a key's declared scale: probes.keys.declared_scale), each series on its watch
+    scale (`watch_scale`), as the live watcher does; without it, on `config.log_values`."""
+    events = [e for name, (s, v) in series.items()
+              for e in detect_transitions(s, v, name, config, trends,
+                                          scale=watch_scale(v, declared(name)) if declared else None)]
     return sorted(events, key=lambda e: (e["midpoint"], e["metric"]))
 
 
+#: two changes happen together (in one phase of the run) when their spans, each widened by this
+#: factor in steps, overlap (the live watcher also takes two fits of one change for the same change so)
+TOGETHER = 1.5
+
+
+def together(a: dict, b: dict) -> bool:
+    """The spans of two events (onset to end; an onset alone has only its step) overlap once each
+    is widened by the factor `TOGETHER` on either side."""
+    return (a["onset"] / TOGETHER <= b.get("end", b["onset"]) * TOGETHER
+            and b["onset"] / TOGETHER <= a.get("end", a["onset"]) * TOGETHER)
+
+
 def lead_lag(events: list[dict], reference: str) -> list[dict]:
-    """For each transition of the `reference` metric, the nearest transition (by
-    midpoint) of every other metric, with how many steps it led: positive `lead` =
-    its midpoint came earlier, `onset_lead` likewise for onsets. The grokking story
-    reads: the restricted loss falls and the excluded loss rises before the test loss
-    collapses."""
+    """For each transition of the `reference` metric, the transition of every other metric in the
+    same phase of the run (`together` with it; of several, the nearest by midpoint in log-step),
+    with how many steps it led: positive `lead` = its midpoint came earlier, `onset_lead` likewise
+    for onsets. A metric with no transition in that phase has no row (a change in another phase
+    is not compared: docs/phases.md, "Lead/lag"). The grokking story reads: the restricted loss
+    falls and the excluded loss rises before the test loss collapses."""
     events = [e for e in events if e.get("kind", "transition") == "transition"]
     out = []
     for ref in (e for e in events if e["metric"] == reference):
         nearest: dict[str, dict] = {}
         for other in events:
-            if other["metric"] == reference:
+            if other["metric"] == reference or not together(ref, other):
                 continue
             best = nearest.get(other["metric"])
-            if best is None or abs(other["midpoint"] - ref["midpoint"]) < abs(best["midpoint"] - ref["midpoint"]):
+            if best is None or _log_distance(other, ref) < _log_distance(best, ref):
                 nearest[other["metric"]] = other
         for other in nearest.values():
             out.append({"reference": reference, "reference_direction": ref["direction"],
@@ -620,3 +652,7 @@ def lead_lag(events: list[dict], reference: str) -> list[dict]:
                         "direction": other["direction"], "midpoint": other["midpoint"],
                         "lead": ref["midpoint"] - other["midpoint"], "onset_lead": ref["onset"] - other["onset"]})
     return sorted(out, key=lambda r: (r["reference_midpoint"], -r["lead"]))
+
+
+def _log_distance(a: dict, b: dict) -> float:
+    return abs(math.log(max(a["midpoint"], 1) / max(b["midpoint"], 1)))

@@ -1,0 +1,112 @@
+"""The scale a series is watched on (phases/scale.py), the Event type (phases/events.py), lead/lag
+within one phase, and what the live watcher prints by default."""
+
+import numpy as np
+import pytest
+
+from phasewatch.phases.detector import detect_all, detect_transitions, lead_lag
+from phasewatch.phases.events import Event
+from phasewatch.phases.scale import LINEAR, LOG, watch_scale
+
+
+def _logistic(t, centre, width=0.05):
+    return 1 / (1 + np.exp(-(t - np.log10(centre)) / width))
+
+
+def _two_falls(seed=0):
+    """A loss that falls from 4 to 1 around step 50, then from 1 to 1e-6 around step 1,000 (2% noise)."""
+    steps = np.unique(np.geomspace(1, 3000, 200).round())
+    t = np.log10(steps)
+    values = (1 + 3 * (1 - _logistic(t, 50))) * 10 ** (-6 * _logistic(t, 1000))
+    return steps, values * 10 ** (0.02 * np.random.default_rng(seed).standard_normal(len(t)))
+
+
+def _spans(events):
+    return [(e["direction"], e["onset"], e["midpoint"], e["end"]) for e in events]
+
+
+def test_a_loss_watched_in_log10_shows_both_falls():
+    """The early drop (3 in the loss's units) and the later fall by six decades (1 in its units) are
+    both transitions in log10 of the values; in the values, the second is 0.3% of the range and lost."""
+    steps, values = _two_falls()
+    found = detect_transitions(steps, values, "loss", scale=LOG)
+    assert [e["direction"] for e in found] == ["down", "down"], _spans(found)
+    early, late = found
+    assert early["onset"] < 50 < early["end"] and late["onset"] < 1000 < late["end"], _spans(found)
+    assert early["magnitude"] == pytest.approx(3, rel=0.1) and late["magnitude"] == pytest.approx(1, rel=0.1)
+    assert all(e["scale"] == LOG for e in found)
+    raw = detect_transitions(steps, values, "loss", scale=LINEAR)
+    assert len(raw) == 1 and raw[0]["end"] < 100 and raw[0]["scale"] == LINEAR
+
+
+def test_the_watch_scale_follows_the_declaration_then_the_data():
+    falling = np.geomspace(4, 1e-4, 50)
+    assert watch_scale(falling, LOG) == LOG
+    assert watch_scale(falling, LINEAR) == LINEAR  # declared in its own units: kept so
+    assert watch_scale(np.append(falling, 0.0), LOG) == LINEAR  # no log10 of 0
+    assert watch_scale(falling) == LOG  # undeclared, positive, 4.6 decades
+    assert watch_scale(np.linspace(0.05, 1, 50)) == LINEAR  # 1.3 decades
+    assert watch_scale(np.linspace(-1, 1, 50)) == LINEAR
+    assert watch_scale([np.nan, 1e-3, 1.0]) == LOG  # non-finite values are not looked at
+    with pytest.raises(ValueError, match="declared scale"):
+        watch_scale(falling, "logarithmic")
+
+
+def test_detect_all_uses_each_series_declared_scale():
+    steps, values = _two_falls()
+    declared = {"val/loss": LOG, "val/acc": LINEAR}.get
+    found = detect_all({"val/loss": (steps, values), "val/acc": (steps, values)}, declared=declared)
+    by = {k: [e for e in found if e["metric"] == k] for k in ("val/loss", "val/acc")}
+    assert [e["scale"] for e in by["val/loss"]] == [LOG, LOG] and [e["scale"] for e in by["val/acc"]] == [LINEAR]
+
+
+def test_an_event_reads_back_as_it_was_written():
+    line = {"metric": "val/loss", "direction": "down", "onset": 10, "midpoint": 20, "end": 40, "magnitude": 1.5,
+            "kind": "transition", "scale": "log", "stage": "confirmed", "detected_at": 60, "members": ["a"]}
+    event = Event.from_dict(line)
+    assert event.midpoint == 20 and event.extra == {"members": ["a"]} and event.reason is None
+    assert event.to_dict() == line and list(event.to_dict()) == list(line)  # same fields, same order
+    assert set(Event("x", "up", 5, stage="onset").to_dict()) == {"metric", "direction", "onset", "stage"}
+    with pytest.raises(KeyError, match="onset"):
+        Event.from_dict({"metric": "x", "direction": "up"})
+
+
+def _event(metric, onset, midpoint, end, direction="down"):
+    return {"metric": metric, "direction": direction, "onset": onset, "midpoint": midpoint, "end": end,
+            "kind": "transition"}
+
+
+def test_lead_lag_compares_the_transitions_of_one_phase():
+    """The restricted loss's early drop (memorisation) is not compared with the test loss's fall
+    (later, another phase): its fall that overlaps the test loss's is; a series with no change
+    in that phase has no row."""
+    events = [_event("val/loss", 1500, 2200, 3100), _event("restricted", 117, 133, 152),
+              _event("restricted", 690, 1200, 1780), _event("train/loss", 20, 30, 45)]
+    rows = lead_lag(events, "val/loss")
+    assert [(r["metric"], r["midpoint"], r["lead"], r["onset_lead"]) for r in rows] == [
+        ("restricted", 1200, 1000, 810)]
+    # two candidates in the phase: the one nearer in log-step
+    rows = lead_lag(events + [_event("restricted", 2000, 2600, 3000)], "val/loss")
+    assert [(r["metric"], r["midpoint"]) for r in rows] == [("restricted", 2600)]
+
+
+def test_the_watcher_prints_headline_transitions_that_are_not_trivial():
+    from phasewatch.callbacks.transitions import TransitionWatcher, _line
+
+    steps = np.arange(10, 1001, 10.0)
+    series = {"val/loss": (steps, 4 * 10 ** (-4 * _logistic(np.log10(steps), 300))),
+              "val/acc": (steps, 0.5 + 0.01 * _logistic(np.log10(steps), 300)),
+              "grok/gini_embed": (steps, 0.2 + 0.5 * _logistic(np.log10(steps), 300))}
+    watcher = TransitionWatcher()
+
+    def confirmed(metric, scale):
+        return {**_event(metric, 250, 300, 360), "stage": "confirmed", "scale": scale, "detected_at": 500,
+                "magnitude": 1.0}
+
+    assert watcher._worth_saying(confirmed("val/loss", LOG), series)  # 4 decades
+    assert not watcher._worth_saying(confirmed("val/acc", LINEAR), series)  # 0.01 of 0.51: trivial
+    assert not watcher._worth_saying(confirmed("grok/gini_embed", LINEAR), series)  # not a headline key
+    assert not watcher._worth_saying({**confirmed("val/loss", LOG), "stage": "onset"}, series)
+    line = _line(None, confirmed("val/loss", LOG), series)
+    assert line.startswith("phasewatch: step 500: transition in val/loss (down) from step 250 to 360, midpoint 300: ")
+    assert "(log scale)" in line
