@@ -239,6 +239,109 @@ class TransitionWatcher(pl.Callback):
             return max(before, after) >= SHOWN_FACTOR * min(before, after)
         return abs(after - before) >= SHOWN_FRACTION * float(np.nanmax(np.abs(series[event["metric"]][1])))
 
+    def update(self, series: dict, step: int, final: bool = False) -> list[dict]:
+        """The new events at `step` given the series so far ({key: (steps, values)}), recorded
+        as reported (`look` without a trainer: what bench/live_latency.py replays)."""
+        series = {key: s for key, s in series.items()
+                  if (key in self.metrics if self.metrics is not None else not is_detail(key))}
+        new: list[dict] = []
+        for key, (steps, values) in sorted(series.items()):
+            seen = self._looked.get(key, 0)
+            due = final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen
+                                                   or self._under_way(key, step)))
+            left = None
+            scale = watch_scale(values, declared_scale(key))  # the same choice as `phasewatch phases`
+            if self.departures and not final and len(steps) > self._departed.get(key, 0):
+                self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
+                left = departure(steps, values, key, log_values=scale == LOG, bar=self.departure_z)
+                left = left and {**left, "scale": scale}
+            if due:
+                self._looked[key] = len(steps)
+            found = detect_transitions(steps, values, key, in_progress=not final, scale=scale) if due else None
+            if found is not None or left is not None:
+                new += self._judge(key, steps, found, step, final, left)
+        for event in new:
+            event["detected_at"] = int(step)
+            self.reported.append(event)
+        return new
+
+    def _under_way(self, key: str, step: int) -> bool:
+        """A change in the series waits to be found again, or has had an onset pending for no
+        longer than adaptive resolution lasts (`dense_for` x the step it was said at): looked at
+        whenever it has new points, so that its confirmation is not held back by `regrow` (a
+        slow change pending longer waits for it, as the detector's cost grows with the series)."""
+        return bool(self._candidates.get(key)) or any(
+            p["metric"] == key and step <= self.dense_for * max(p["detected_at"], 1) for p in self.pending)
+
+    def _judge(self, key: str, steps, found: list[dict] | None, step: int, final: bool,
+               left: dict | None = None) -> list[dict]:
+        """The events that this look's findings in one series call for (`found`: the detector's
+        transitions, None when it did not look this time; `left`: the series' departure from
+        its recent trend, if any). Only a look of the detector withdraws an onset."""
+        new: list[dict] = []
+        matched: set[int] = set()
+        candidates = []
+        for event in found or []:
+            done = self._confirmed(event, steps)
+            # a change already confirmed is not that of an onset that came after it ended
+            pending = [p for p in self.pending if _continues(p, event) and not (done and _after(p, event, steps))]
+            matched.update(id(p) for p in pending)
+            if done or (not final and event["confidence"] < SURE_ENOUGH):
+                continue
+            settled = event["kind"] == "transition" and step >= self.settle * event["end"]
+            if settled:  # and a level after it: `points_after` values, not departing its way
+                past = [s for s in steps if s > event["end"]][:self.points_after]
+                settled = len(past) == self.points_after and not _moving_on(event, left, past)
+            seen = pending or any(_same(c, event) for c in self._candidates.get(key, []))
+            if event["kind"] == "transition" and (final or (settled and seen)):
+                self.pending = [p for p in self.pending if all(p is not q for q in pending)]
+                new.append(Event.from_dict({**event, "stage": "confirmed"}).to_dict())
+            elif settled or not (seen or final or event["snr"] >= SURE):  # said when the next look finds it again
+                candidates.append(event)
+            elif not final and not pending and sum(s >= event["onset"] for s in steps) >= ONSET_POINTS:
+                new.append(self._onset(event, step, matched))
+        if found is not None:
+            self._candidates[key] = candidates
+        if left is not None and not self._confirmed(left, steps, new):
+            confirmed = [r for r in self.reported if r["metric"] == key and r.get("stage", "confirmed") == "confirmed"]
+            pending = [p for p in self.pending if _continues(p, left) and not _apart(p, left, confirmed, steps)]
+            matched.update(id(p) for p in pending)
+            if not pending:  # a departure from the trend: a transition under way before the detector can fit it
+                new.append(self._onset(left, step, matched))
+        for p in [p for p in self.pending if p["metric"] == key]:
+            if id(p) in matched and not final:
+                p["seen_at"] = int(step)
+            elif final or (found is not None and step >= WITHDRAW * max(p.get("seen_at", p["detected_at"]), 1)):
+                # at the end nothing stays pending (what the last look confirmed has left the list)
+                self.pending.remove(p)
+                reason = "training ended" if final else "not found again"
+                new.append(Event(p["metric"], p["direction"], p["onset"], scale=p.get("scale"), stage="withdrawn",
+                                 reason=reason).to_dict())
+        return new
+
+    def _onset(self, event: dict, step: int, matched: set[int]) -> dict:
+        """Make `event` (the detector's change under way, or a departure) a pending onset found
+        at `step`; its event (the pending copy also keeps when it was last seen)."""
+        onset = Event(event["metric"], event["direction"], event["onset"], snr=event["snr"],
+                      confidence=event["confidence"], scale=event.get("scale"), stage="onset", detected_at=int(step))
+        self.pending.append(onset.to_dict())
+        matched.add(id(self.pending[-1]))
+        return dict(self.pending[-1])
+
+    def _confirmed(self, event: dict, steps, also: list[dict] = ()) -> bool:
+        """Already confirmed (reported, or among `also`: this look's new events): the same metric
+        and direction, overlapping spans (`SAME`) and, for a change with a magnitude, one
+        midpoint within the other's span (`_refit`: a change that follows the confirmed one is
+        the next change) and at most `GROWN` times it (the start of a change seen early,
+        before more of it came, is not the whole change); a departure, which has none, only
+        when it began no later than the first of the series' `steps` after the confirmed
+        change's end (the fitted end of a jump between two logged steps can come before the
+        first step that shows it; after that, the series is on the move again)."""
+        return any(r.get("stage", "confirmed") == "confirmed" and _same(r, event)
+                   and (event["magnitude"] <= GROWN * r["magnitude"] and _refit(r, event, steps)
+                        if "magnitude" in event else not _after(event, r, steps))
+                   for r in [*self.reported, *also])
+
     # --- resume -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
