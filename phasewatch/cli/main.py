@@ -41,8 +41,10 @@ def _lightning_cli(argv: list[str]) -> int:
     what a finished one would (its report and trajectory, from what was written; last.ckpt
     at the step SIGTERM stopped it) and ends with one line saying where it stopped and how to
     resume it, with the status a shell gives a command killed by that signal (143, 130)."""
+    from phasewatch.cli.console import quiet_libraries
     from phasewatch.training.lightning_cli import Interrupted, run_lightning_cli
 
+    quiet_libraries()
     try:
         store = run_lightning_cli(argv)
     except Interrupted as stop:
@@ -65,12 +67,18 @@ def _finish_fit(store, interrupted: bool = False) -> None:
     and a population's report (a population's folder holds its members' runs)."""
     from phasewatch.rundir import run_folders
 
+    from phasewatch.cli.console import fit_summary, max_steps_of
+
     for run in [store] if store.metrics.exists() else run_folders(store.root):
         _draw_trajectory(run, always=interrupted)
     if not store.metrics.exists() and run_folders(store.root):
         from phasewatch.report.population import write_population_report
+        from phasewatch.rundir import format_size
 
-        print(f"phasewatch: population report {write_population_report(store.root)}")
+        print(f"phasewatch: population report {write_population_report(store.root)} "
+              f"(folder {format_size(store.size_bytes())})")
+    elif not interrupted and store.metrics.exists():
+        print("\n".join(fit_summary(store, max_steps_of(store))))
 
 
 def _draw_trajectory(store, always: bool = False) -> None:

@@ -85,6 +85,12 @@ class SafeWandbLogger(WandbLogger):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        if self._wandb_init.get("anonymous") is None:  # Lightning passes None, which W&B >= 0.22 warns about
+            self._wandb_init.pop("anonymous", None)
+        if self._wandb_init.get("mode") == "offline" and "settings" not in self._wandb_init:
+            import wandb  # offline, phasewatch says itself where the files are and how to upload them
+
+            self._wandb_init["settings"] = wandb.Settings(silent=True)
         self._rows: list[list] = []  # the events table so far
         self._alerted: set[tuple[str, str]] = set()
 

@@ -224,3 +224,37 @@ def test_device_side_check_stops_at_the_next_logging_step(tmp_path, capsys, devi
     assert "the training loss was not finite at 4 step(s) from step 1 to 4; their updates were skipped" in out
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 5 and int(ckpt["optimizer_states"][0]["state"][0]["step"]) == 1
+
+
+def test_a_fit_ends_with_a_summary_and_without_library_noise(tmp_path, capfd, monkeypatch):
+    """The libraries' start-up lines that phasewatch causes are gone, W&B's own lines too
+    (offline, phasewatch says where its files are), and the run ends with what a person acts
+    on: final values, report, folder and its size, how to upload and how to train on."""
+    import glob
+    import re
+
+    from phasewatch.rundir import RunFolder, read_jsonl
+
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run = tmp_path / "run"
+    args = [a for a in TINY_MOD if a != "--no_wandb"]
+    assert main(["fit", "--run_dir", str(run), *args, "--trainer.max_steps", "20", "--trainer.val_check_interval", "10"]) == 0
+    captured = capfd.readouterr()
+    text = captured.out + captured.err
+    for noise in ("💡 Tip", "TPU available", "anonymous setting", "LeafSpec", "overridden `transfer_batch_to_device`",
+                  "Tracking run with wandb", "Seed set to", "`Trainer.fit` stopped"):
+        assert noise not in text, noise
+    lines = captured.out.splitlines()
+    (first,) = [i for i, line in enumerate(lines) if line.startswith("phasewatch: finished at step 20 of 20:")]
+    last_val = [r["val/loss"] for r in read_jsonl(run / "metrics.jsonl") if "val/loss" in r][-1]
+    shown = float(re.search(r"val/loss (\S+)", lines[first]).group(1))
+    assert shown == pytest.approx(last_val, rel=1e-2)
+    summary = "\n".join(lines[first:])
+    assert f"report: {run / 'report.html'}" in summary
+    size = re.search(rf"run folder: {re.escape(str(run))} \(([\d.]+) (kB|MB|GB)\)", summary)
+    actual = RunFolder(run).size_bytes() / {"kB": 1e3, "MB": 1e6, "GB": 1e9}[size.group(2)]
+    assert float(size.group(1)) == pytest.approx(actual, rel=0.2)
+    pattern = re.search(r"upload to W&B: wandb sync (\S+)", summary).group(1)
+    assert glob.glob(pattern)
+    assert f"train on: phasewatch fit --run_dir {run} --ckpt_path last --trainer.max_steps 40" in summary
