@@ -1,15 +1,14 @@
 """Stages: the intervals of training in which several series change together (numpy only).
 
 `detect_stages(events, series, rules)` takes the per-series transitions (dicts as in
-events.jsonl or `detect_all`'s output; trends, spikes, onsets and withdrawn events are left
-out) and each series' (steps, values). In log-step time each transition adds a bump of unit
-area shaped like its own rate of change (10% at its onset, 50% at its midpoint, 90% at its
-end); the sum is the run's activity, and stages are its modes, split at minima no higher
-than `DIP` of the lower neighbouring maximum. A stage needs series of two families, or one
-headline series (`StageRules`); the others' changes are lone and taken out. A stage matching
-a declared `Signature` gets its name (None otherwise), and where an LLC series exists, its
-type ("A": loss falls, LLC rises; "B": loss flat, LLC falls; Hoogland et al. 2024).
-`previous` carries stage ids between calls. `write_stages`/`read_stages`: the run folder's
+events.jsonl or `detect_all`'s output, or objects with `to_dict`; trends, spikes, onsets and
+withdrawn events are left out) and each series' (steps, values). Transitions whose midpoints
+are one time up to their own widths in log-step time (a chi-squared test at `LEVEL`) form a
+group; a group is a stage when it holds series of two families or a headline series
+(`StageRules`), and the lone changes of other groups are taken out. A stage matching one
+declared `Signature` is named (None otherwise, never forced); where an LLC series exists it
+has a type ("A": loss falls, LLC rises; "B": loss flat, LLC falls; Hoogland et al. 2024).
+`previous` carries stage ids between calls; `write_stages`/`read_stages`: the run folder's
 stages file. Method, rules and measurements: docs/stages.md.
 """
 
@@ -28,11 +27,9 @@ from phasewatch.rundir import read_jsonl
 #: level: the chi-squared of the midpoints about their mean (each in units of its change's
 #: logistic width in log-step time) within this quantile (docs/stages.md)
 LEVEL = 0.95
-#: the narrowest half-bump in decades of steps (a jump between two logged steps has onset =
-#: end: its rate of change is spread over at least this much log-time)
+#: the smallest timing scale of a transition, in decades of steps (a jump between two logged
+#: steps can have onset = end)
 MIN_WIDTH = 0.01
-#: points of the log-step grid the activity is evaluated on
-GRID = 512
 #: a series "moves" over a stage (for its type) when it changes by this fraction of its range
 MOVE = 0.1
 #: the series the type of a stage is read from: the LLC estimate, and the first loss present
@@ -46,7 +43,7 @@ class Signature:
     """A stage a probe knows, declared with its keys (probes/keys.py `KeyFamilies.stages`).
 
     Each entry of `moves` and `absent` is "PATTERN up|down", or several such joined by " | "
-    (any of them); PATTERN is a regular expression matched in full against a series' key. A
+    (any of them; a pattern holds no spaces); PATTERN is a regular expression matched in full against a series' key. A
     stage matches when every entry of `moves` is among its members and no entry of `absent` is;
     `run_has` (a regular expression) limits the signature to runs logging a matching key.
     """
@@ -59,15 +56,16 @@ class Signature:
 
     def __post_init__(self):
         for entry in self.moves + self.absent:
-            for alternative in entry.split("|"):
+            for alternative in entry.split(" | "):
                 parts = alternative.split()
                 if len(parts) != 2 or parts[1] not in ("up", "down"):
                     raise ValueError(f"signature {self.name!r}: {alternative.strip()!r} is not 'PATTERN up|down'")
                 re.compile(parts[0])
 
     def _has(self, entry: str, moved: set[tuple[str, str]]) -> bool:
-        alternatives = [a.split() for a in entry.split("|")]
-        return any(re.fullmatch(pattern, key) and direction == d for pattern, d in alternatives for key, direction in moved)
+        alternatives = [a.split() for a in entry.split(" | ")]
+        return any(re.fullmatch(pattern, key) and direction == d
+                   for pattern, d in alternatives for key, direction in moved)
 
     def matches(self, moved: set[tuple[str, str]], keys: Iterable[str] = ()) -> bool:
         """Whether a stage whose members moved so ((key, direction) pairs) matches, in a run
@@ -96,8 +94,8 @@ class StageRules:
 
 @dataclasses.dataclass
 class Stage:
-    """One stage: steps `onset` (the earliest member's onset), `midpoint` (half of its members'
-    summed change done), `end` (the latest member's end); `members`, the per-series events
+    """One stage: steps `onset` (the earliest member's onset), `midpoint` (its members'
+    midpoints averaged in log-step time, `_midpoint`), `end` (the latest member's end); `members`, the per-series events
     with `series` and `size` (magnitude over the series' range) added, by midpoint; `lead`, the
     series that moved first (earliest onset); `name` of the matched signature or None; `type`
     "A", "B" or None; `id`, stable between calls given `previous`."""
@@ -155,21 +153,9 @@ def _times(event: dict) -> tuple[float, float, float]:
     return onset, mid, end
 
 
-def _bumps(events: list[dict], grid: np.ndarray) -> np.ndarray:
-    """Each event's rate of change on the grid (rows), unit area: a logistic's derivative whose
-    left half reaches the onset at 10% and right half the end at 90% (widths from each side)."""
-    out = np.empty((len(events), len(grid)))
-    for i, e in enumerate(events):
-        onset, mid, end = _times(e)
-        left, right = max((mid - onset) / _LN9, MIN_WIDTH), max((end - mid) / _LN9, MIN_WIDTH)
-        width = np.where(grid < mid, left, right)
-        out[i] = 0.5 / (2 * width) / np.cosh((grid - mid) / (2 * width)) ** 2
-    return out
-
-
 def _chi2_quantile(p: float, dof: int) -> float:
-    """The p quantile of chi-squared with `dof` degrees of freedom (Wilson-Hilferty; within 1%
-    of the exact value from 1 degree of freedom at the levels used here)."""
+    """The p quantile of chi-squared with `dof` degrees of freedom (Wilson-Hilferty: 2.4% under
+    the exact value at 1 degree of freedom and the 95% level, under 1% from 2 on)."""
     z = math.sqrt(2) * _erfinv(2 * p - 1)
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
@@ -236,6 +222,8 @@ def _qualifies(members: list[dict], rules: StageRules) -> bool:
 def _group(events: list[dict], series: dict, rules: StageRules, level: float) -> list[list[dict]]:
     """The events of each stage (`_clusters`); groups that do not qualify are taken out and the
     rest grouped again, until every group qualifies."""
+    families = {e["metric"]: rules.family(e["metric"]) for e in events}
+    rules = dataclasses.replace(rules, family=families.__getitem__)
     while events:
         groups = _clusters(events, series, level)
         kept = [e for g in groups if _qualifies(g, rules) for e in g]
@@ -290,12 +278,12 @@ def _name(members: list[dict], rules: StageRules, keys: Iterable[str]) -> str | 
     return best[0].name if len(best) == 1 else None
 
 
-def _midpoint(members: list[dict]) -> int:
-    """Where half of the members' summed change is done (the median of their summed bumps)."""
-    times = np.array([_times(m) for m in members])
-    grid = np.linspace(times[:, 0].min() - 0.2, times[:, 2].max() + 0.2, GRID)
-    cumulative = np.cumsum(_bumps(members, grid).sum(axis=0))
-    return int(round(10 ** float(grid[int(np.searchsorted(cumulative, cumulative[-1] / 2))])))
+def _midpoint(members: list[dict], series: dict) -> int:
+    """The stage's time: its members' midpoints averaged in log-step time, each weighted by
+    1 / its scale squared (the centre the chi-squared test measures from)."""
+    t = np.array([_times(m)[1] for m in members])
+    weight = 1 / np.array([_scale(m, series) for m in members]) ** 2
+    return int(round(10 ** float(np.sum(weight * t) / np.sum(weight))))
 
 
 def _size(event: dict, series: dict) -> float | None:
@@ -343,7 +331,7 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
             m["series"], m["size"] = m["metric"], _size(m, series)
         lead = min(members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))
         onset, end = min(m["onset"] for m in members), max(m["end"] for m in members)
-        stages.append(Stage(id=k, onset=int(onset), midpoint=_midpoint(members), end=int(end), members=members,
+        stages.append(Stage(id=k, onset=int(onset), midpoint=_midpoint(members, series), end=int(end), members=members,
                             lead=lead["series"], name=_name(members, rules, list(series) + [m["metric"] for m in usable]),
                             type=stage_type(onset, end, series)))
     if previous is not None:

@@ -1,0 +1,219 @@
+"""Stages (phases/stages.py): known answers on planted stages, lone changes, noise and trends,
+declared signatures (named or not), types from an LLC series, ids carried between calls."""
+
+import math
+
+import numpy as np
+import pytest
+
+from phasewatch.phases.detector import detect_all
+from phasewatch.phases.stages import Signature, Stage, StageRules, detect_stages, read_stages, write_stages
+from phasewatch.rundir import RunFolder
+
+STEPS = np.unique(np.geomspace(1, 10_000, 120).round())
+
+
+def event(metric, midpoint, direction="down", decades=0.3, kind="transition", **extra):
+    """A transition centred at `midpoint` whose 10-90% part spans `decades` of steps."""
+    half = 10 ** (decades / 2)
+    return {"metric": metric, "direction": direction, "onset": round(midpoint / half), "midpoint": midpoint,
+            "end": round(midpoint * half), "magnitude": 1.0, "kind": kind, **extra}
+
+
+def flat(steps=STEPS):
+    return steps, np.zeros(len(steps))
+
+
+def step_series(midpoint, direction="down", width=0.05, noise=0.0, seed=0, steps=STEPS):
+    """A logistic step of height 1 in log-step time centred at `midpoint`, plus Gaussian noise."""
+    rng = np.random.default_rng(seed)
+    y = 1 / (1 + np.exp(-(np.log10(steps) - math.log10(midpoint)) / width))
+    return steps, (1 - y if direction == "down" else y) + noise * rng.standard_normal(len(steps))
+
+
+#: three families (the default: a key's first path part), no headline keys, no signatures
+PLAIN = StageRules()
+
+
+def members(stage):
+    return sorted((m["series"], m["direction"]) for m in stage.members)
+
+
+def test_two_planted_stages_each_with_its_series():
+    events = [event("a/x", 100), event("b/y", 110, "up"), event("c/z", 95),
+              event("a/w", 3000, "up"), event("b/v", 2800)]
+    stages = detect_stages(events, {}, PLAIN)
+    assert [members(s) for s in stages] == [[("a/x", "down"), ("b/y", "up"), ("c/z", "down")],
+                                           [("a/w", "up"), ("b/v", "down")]]
+    first = stages[0]
+    assert first.onset == min(e["onset"] for e in events[:3]) and first.end == max(e["end"] for e in events[:3])
+    assert 95 <= first.midpoint <= 110 and first.lead == "c/z"  # c/z began first (its onset is earliest)
+    assert [s.id for s in stages] == [1, 2]
+
+
+def test_a_lone_change_at_an_unrelated_time_makes_no_stage():
+    """Two series of one family far from anything else are no stage; the planted stage stays as it was."""
+    events = [event("a/x", 100), event("b/y", 105, "up"), event("c/lone", 2000), event("c/other", 2100, "up")]
+    stages = detect_stages(events, {}, PLAIN)
+    assert [members(s) for s in stages] == [[("a/x", "down"), ("b/y", "up")]]
+
+
+def test_one_headline_series_alone_makes_a_stage():
+    events = [event("a/x", 100), event("b/y", 105, "up"), event("c/lone", 2000)]
+    assert len(detect_stages(events, {}, PLAIN)) == 1
+    stages = detect_stages(events, {}, StageRules(headline=frozenset({"c/lone"})))
+    assert [members(s) for s in stages] == [[("a/x", "down"), ("b/y", "up")], [("c/lone", "down")]]
+
+
+def test_changes_apart_by_more_than_their_widths_are_two_stages_and_overlapping_ones_one():
+    """Two pairs of narrow changes (0.1 decades) 0.4 decades apart: two stages; the same pairs
+    with wide changes (1 decade, overlapping most of their spans): one."""
+    narrow = [event("a/x", 100, decades=0.1), event("b/y", 100, decades=0.1),
+              event("a/w", 250, decades=0.1), event("b/v", 250, decades=0.1)]
+    assert len(detect_stages(narrow, {}, PLAIN)) == 2
+    wide = [dict(event(e["metric"], e["midpoint"], decades=1.0)) for e in narrow]
+    assert len(detect_stages(wide, {}, PLAIN)) == 1
+
+
+def test_trends_spikes_onsets_withdrawn_and_detail_keys_make_no_stage():
+    events = [event("a/x", 100, kind="trend"), event("b/y", 100, kind="trend"),
+              event("a/s", 100, kind="spike"), event("b/s", 100, kind="spike"),
+              {"metric": "a/o", "direction": "down", "onset": 90, "stage": "onset"},
+              event("b/o", 100, stage="withdrawn"), event("c/o", 100, stage="withdrawn"),
+              event("a/L0H1", 100), event("b/L0H2", 100)]
+    assert detect_stages(events, {}, StageRules(detail=lambda key: "/L0H" in key)) == []
+    assert len(detect_stages(events, {}, PLAIN)) == 1  # the detail keys' events are a stage when not detail
+
+
+def test_series_of_noise_or_trends_give_no_stage():
+    """Through the detector: white noise and steady trends in three families of series."""
+    rng = np.random.default_rng(3)
+    series = {"a/noise": (STEPS, rng.standard_normal(len(STEPS))), "b/noise": (STEPS, rng.standard_normal(len(STEPS))),
+              "c/linear": (STEPS, STEPS / STEPS[-1] + 0.01 * rng.standard_normal(len(STEPS))),
+              "d/loglinear": (STEPS, np.log10(STEPS) + 0.05 * rng.standard_normal(len(STEPS)))}
+    events = detect_all(series, trends=True)
+    assert detect_stages(events, series, PLAIN) == []
+
+
+def test_planted_stages_through_the_detector():
+    """Five noisy series: two stages planted (steps 80 and 2,500) and one lone change of its own family."""
+    series = {"a/x": step_series(80, seed=1, noise=0.02), "b/y": step_series(85, "up", seed=2, noise=0.02),
+              "a/w": step_series(2500, "up", seed=3, noise=0.02), "c/v": step_series(2400, seed=4, noise=0.02),
+              "d/lone": step_series(400, seed=5, noise=0.02)}
+    stages = detect_stages(detect_all(series), series, PLAIN)
+    assert [members(s) for s in stages] == [[("a/x", "down"), ("b/y", "up")], [("a/w", "up"), ("c/v", "down")]]
+    assert 60 <= stages[0].midpoint <= 110 and 1800 <= stages[1].midpoint <= 3300
+    assert all(0.8 <= m["size"] <= 1.05 for s in stages for m in s.members)  # each step is its series' range
+
+
+MEMORISE = Signature("memorise", moves=("train/acc up | train/loss down",), absent=("val/acc up",))
+GENERALISE = Signature("generalise", moves=("val/acc up", "w/.* down"))
+
+
+def test_a_stage_matching_a_signature_is_named_and_one_matching_none_is_not():
+    rules = StageRules(signatures=(MEMORISE, GENERALISE), headline=frozenset({"train/acc", "val/acc"}))
+    events = [event("train/acc", 30, "up"), event("probe/m", 32),  # memorise
+              event("val/acc", 1000, "up"), event("w/norm", 1100),  # generalise
+              event("val/acc", 20000, "up"), event("probe/k", 21000, "up")]  # val/acc up, no weight down: neither
+    stages = detect_stages(events, {}, rules)
+    assert [s.name for s in stages] == ["memorise", "generalise", None]
+    assert "memorise" in stages[0].summary() and "(unnamed)" in stages[2].summary()
+
+
+def test_an_absent_move_or_a_tie_leaves_a_stage_unnamed():
+    # train/acc up with val/acc up is not "memorise" (val/acc up is absent from it), and not
+    # "generalise" (no weight falls)
+    events = [event("train/acc", 30, "up"), event("val/acc", 31, "up")]
+    rules = StageRules(signatures=(MEMORISE, GENERALISE), headline=frozenset({"train/acc"}))
+    assert [s.name for s in detect_stages(events, {}, rules)] == [None]
+    tie = StageRules(signatures=(MEMORISE, Signature("other", moves=("train/acc up",))), headline=frozenset({"train/acc"}))
+    assert [s.name for s in detect_stages([event("train/acc", 30, "up"), event("p/q", 30)], {}, tie)] == [None]
+    # of two matches, the more specific (more entries) wins
+    specific = StageRules(signatures=(MEMORISE, Signature("both", moves=("train/acc up", "p/q down"))))
+    assert [s.name for s in detect_stages([event("train/acc", 30, "up"), event("p/q", 30)], {}, specific)] == ["both"]
+
+
+def test_a_signature_limited_to_runs_that_log_a_key():
+    only = StageRules(signatures=(Signature("m", moves=("a/x down",), run_has=r"grok/.*"),))
+    events = [event("a/x", 30), event("b/y", 30)]
+    assert detect_stages(events, {"a/x": flat()}, only)[0].name is None
+    assert detect_stages(events, {"a/x": flat(), "grok/r": flat()}, only)[0].name == "m"
+
+
+def test_a_bad_signature_is_refused():
+    with pytest.raises(ValueError, match="PATTERN up|down"):
+        Signature("bad", moves=("train/acc rises",))
+
+
+def test_the_declared_signatures_name_the_grokking_phases_in_order():
+    """The probes' own declarations on the series of a grokking run, in the order of Nanda et al.
+    2023 and a decade apart: memorisation, circuit formation, cleanup; a per-frequency key is
+    detail and no member."""
+    import phasewatch.probes  # noqa: F401  (registers the probes' declarations)
+    from phasewatch.probes.keys import stage_rules
+
+    events = [event("train/acc", 30, "up"), event("train/loss", 32), event("grok/excluded_loss", 31),
+              event("grok/restricted_loss", 300), event("grok/excluded_loss", 320, "up"),
+              event("grok/gini_embed", 310, "up"), event("grok/key_freq/14", 300, "up"),
+              event("val/loss", 3000), event("val/acc", 3100, "up"), event("grok/weight_norm", 3200),
+              event("grok/gini_neuron_logit", 3000, "up")]
+    series = {k: flat() for k in {e["metric"] for e in events}}
+    stages = detect_stages(events, series, stage_rules())
+    assert [s.name for s in stages] == ["memorisation", "circuit formation", "cleanup"]
+    assert all(m["series"] != "grok/key_freq/14" for s in stages for m in s.members)
+    # the test loss falling with the train loss is no memorisation; without the weights or
+    # the Gini coefficients moving, the test loss falling is no cleanup
+    early = [event("train/acc", 30, "up"), event("val/loss", 30), event("grok/excluded_loss", 31)]
+    late = [event("val/loss", 3000), event("val/acc", 3100, "up")]
+    assert [s.name for s in detect_stages(early + late, series, stage_rules())] == [None, None]
+    # without a grokking probe's key in the run, none of the three applies
+    assert [s.name for s in detect_stages(events[:3], {}, stage_rules())] == [None]
+    # an induction run's stage: the heads probe's signature; the same moves without the
+    # in-context loss are no induction stage
+    induction = [event("heads/induction/max", 350, "up"), event("icl/loss_gap", 340), event("val/loss", 350)]
+    assert [s.name for s in detect_stages(induction, {}, stage_rules())] == ["induction heads form"]
+    assert [s.name for s in detect_stages(induction[::2], {}, stage_rules())] == [None]
+
+
+def test_stage_types_from_the_llc_and_the_loss():
+    """Type A where the LLC rises as the loss falls, B where it falls with the loss flat, none
+    without an LLC series."""
+    steps = np.unique(np.geomspace(1, 10_000, 60).round())
+    loss = step_series(100, "down", steps=steps)[1]  # falls around step 100, flat after
+    llc = step_series(100, "up", steps=steps)[1] - step_series(3000, "up", steps=steps)[1]  # rises at 100, falls at 3,000
+    series = {"train/loss": (steps, loss), "llc/estimate": (steps, llc)}
+    events = [event("train/loss", 100), event("llc/estimate", 100, "up"),
+              event("llc/estimate", 3000), event("grok/x", 3000, "up")]
+    stages = detect_stages(events, series, PLAIN)
+    assert [s.type for s in stages] == ["A", "B"]
+    del series["llc/estimate"]
+    assert [s.type for s in detect_stages(events, series, PLAIN)] == [None, None]
+
+
+def test_ids_carry_over_between_calls_and_a_new_stage_gets_a_new_one():
+    early = [event("a/x", 100), event("b/y", 100)]
+    first = detect_stages(early, {}, PLAIN)
+    later = [event("c/z", 20), event("d/z", 20)] + [event("a/x", 120), event("b/y", 115)]
+    second = detect_stages(later, {}, PLAIN, previous=first)
+    assert [(s.midpoint < 50, s.id) for s in second] == [(True, 2), (False, 1)]
+
+
+def test_typed_events_and_in_progress_members():
+    class Typed:
+        def __init__(self, record):
+            self.record = record
+
+        def to_dict(self):
+            return dict(self.record)
+
+    stages = detect_stages([Typed(event("a/x", 100)), Typed(event("b/y", 100, kind="in_progress"))], {}, PLAIN)
+    assert len(stages) == 1 and stages[0].in_progress and "(in progress)" in stages[0].summary()
+
+
+def test_stages_written_into_the_run_folder_read_back(tmp_path):
+    folder = RunFolder(tmp_path)
+    stages = detect_stages([event("a/x", 100), event("b/y", 100), event("a/w", 3000), event("b/v", 3000)], {}, PLAIN)
+    write_stages(folder, stages)
+    assert folder.stages.exists() and read_stages(folder) == stages
+    assert read_stages(RunFolder(tmp_path / "none")) == []
+    assert isinstance(read_stages(folder)[0], Stage)
