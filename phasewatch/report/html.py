@@ -1,29 +1,25 @@
 """`phasewatch report RUN_DIR`: one self-contained HTML file (no network needed).
 
-What it shows: every series on a log-step axis in panels by family (losses, accuracy,
-grokking measures, head scores, composition, ...), the detected transitions as shaded
-bands (from the run's events, or detected now when the run has none), the lead/lag summary
-against val/loss, and the array measurements (composition [L,H,L,H] tensors, head-score
-[L,H] matrices, the grokking spectrum) as heatmaps with a slider over checkpoints (one
-colour range over all checkpoints; log10 for positive values spanning over three decades).
-Heatmap axes name what they index: heads (`L0H1`) for arrays shaped by the run's model
-(composition rows: the writing head, columns: the reading head in a later layer; head scores:
-layer by head), else the names a probe saves beside the array (`<key>_labels`); pointing at a
-cell shows its names and value. The checkpoint trajectory figure is shown when the run folder
-has one (`phasewatch report` draws it first: cli/trajectory.py). The data are embedded as
-JSON and drawn by a small script on <canvas>; nothing is fetched. Every string from the run
-folder (metric keys, event fields, labels, names) is shown as text, never read as markup, and
-the page's Content-Security-Policy runs its own script only (report/page.py). Opening it as
-`report.html#checkpoint=K` puts every slider at checkpoint K. `live=True` adds a meta refresh,
-for the copy a running training rewrites.
+It shows a header (the run's state: step N of M, running or finished, last update; the config's
+key fields; links to the folder's files), the stage timeline (when the run has stages), every
+series on a log-step axis in panels by family (minibatch `train/` series smoothed, raw points
+faint), detected transitions as shaded bands with a legend, the transitions table by midpoint
+(small changes folded), the lead/lag summary against val/loss (one row per series), and array
+measurements as heatmaps with axis names, a colour bar and a slider over checkpoints. Data are
+embedded as JSON and drawn by the page's one script; every string from the run folder is shown
+as text, never markup, under a Content-Security-Policy that runs only that script
+(report/page.py). `report.html#checkpoint=K` opens every slider at checkpoint K; `live=True`
+adds a meta refresh (the copy a running training rewrites). docs/report.md: what each part shows.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import html
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
@@ -33,11 +29,25 @@ from phasewatch.phases.detector import detect_all, lead_lag
 from phasewatch.report.curves import panel_layout
 from phasewatch.report.heads import catalogue_array, head_catalogue, write_head_catalogue
 from phasewatch.report.page import load_array, policy, script_json
-from phasewatch.rundir import RunFolder, load_series, read_csv
+from phasewatch.phases.stages import read_stages
+from phasewatch.rundir import RunFolder, flatten_config, load_series, read_csv
 
 REFRESH_SECONDS = 30
 #: arrays drawn as one line per row (over their columns) instead of as a heatmap
 LINES = {"trace"}  # the LLC's SGLD chains: loss per sampling step
+#: a transition that changed its series by less than this fraction of the series' range is
+#: listed folded ("small"), as phases/stages.py measures a member's size
+SMALL = 0.1
+#: series measured on minibatches: drawn smoothed, with the raw points faint
+MINIBATCH = ("train/",)
+#: axis names of probe arrays that carry no `<key>_labels`: (row title, column title, first column index)
+ARRAY_AXES = {"grokking/spectrum": (None, "Fourier frequency k (norm of W_L)", 1)}
+#: config fields the header shows (dotted, `init_args` folded), when the config has them
+HEADER_FIELDS = ("data.task", "data.task.p", "data.task.program", "data.task.frac_train", "model.arch.n_layers",
+                 "model.arch.d_model", "model.arch.n_heads", "model.lr", "model.weight_decay", "trainer.max_steps",
+                 "seed_everything")
+#: the run folder's files the header links to (those it has)
+HEADER_FILES = ("config", "metrics", "events", "stages", "head_catalogue", "checkpoints")
 
 
 def _arrays(folder: RunFolder) -> dict[str, dict]:
@@ -66,7 +76,21 @@ def _arrays(folder: RunFolder) -> dict[str, dict]:
             steps.append(step)
         if mats and all(np.shape(m) == np.shape(mats[0]) for m in mats):
             axes = _labels(folder, probe, key, mats[0]) or _head_axes(shape, heads)
-            out[f"{probe}/{key}"] = {"steps": steps, "data": mats, **axes, "lines": key in LINES}
+            out[f"{probe}/{key}"] = {"steps": steps, "data": mats, **_named_axes(f"{probe}/{key}", axes, mats[0]),
+                                     "lines": key in LINES}
+    return out
+
+
+def _named_axes(name: str, axes: dict, matrix: list) -> dict:
+    """`axes` completed so that every heatmap names its axes: a known array's names
+    (`ARRAY_AXES`), else indices titled "row" and "column" (a single row stays unnamed)."""
+    rows, cols = len(matrix), len(matrix[0])
+    row_title, col_title, first = ARRAY_AXES.get(name, ("row", "column", 0))
+    out = dict(axes)
+    if "cols" not in out:
+        out["cols"], out["col_title"] = [str(first + j) for j in range(cols)], col_title
+    if "rows" not in out and rows > 1:
+        out["rows"], out["row_title"] = [str(i) for i in range(rows)], row_title or "row"
     return out
 
 
@@ -116,14 +140,22 @@ def build_report(run_dir: str | Path, live: bool = False,
     series = load_series(folder.root)
     watched = {k: v for k, v in series.items() if not is_detail(k)}
     events = folder.transitions() or detect_all(watched, declared=declared_scale)  # bands on the watcher's scale
+    events = sorted((dict(e, size=_size(e, series)) for e in events), key=lambda e: (e["midpoint"], e["metric"]))
     panels = [{"title": t, "keys": k, "log_y": y == "log"} for t, k, y in panel_layout(series) if k]
     reference = "val/loss" if "val/loss" in series else None
+    config = _config(folder)
+    state = run_state(folder, series, config, live)
     payload = {
         "name": folder.root.name,
         "series": {k: [list(map(float, s)), list(map(float, v))] for k, (s, v) in series.items()},
+        "labels": {k: display_name(k) for k in {*series, *(e["metric"] for e in events)} if display_name(k) != k},
+        "smooth": [k for k in series if k.startswith(MINIBATCH)],
         "panels": panels,
         "events": events,
-        "leadlag": lead_lag(events, reference) if reference else [],
+        "small": SMALL,
+        "state": state,
+        "leadlag": one_row_per_series(lead_lag(events, reference)) if reference else [],
+        "stages": _stages(folder),
         "arrays": _arrays(folder) | _catalogue(catalogue or head_catalogue(folder)),
         "interventions": folder.read_interventions(),
         "diffs": _diffs(folder),
@@ -135,9 +167,85 @@ def build_report(run_dir: str | Path, live: bool = False,
               if trajectory.exists() else "")
     refresh = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if live else ""
     fields = {"POLICY": policy(SCRIPT), "REFRESH": refresh, "TITLE": html.escape(folder.root.name),
-              "TRAJECTORY": figure, "DATA": data, "SCRIPT": SCRIPT}
+              "HEADER": header(folder, state, config), "TRAJECTORY": figure, "DATA": data, "SCRIPT": SCRIPT}
     # in one pass: a run named "%DATA%" stays its name
-    return re.sub(r"%(POLICY|REFRESH|TITLE|TRAJECTORY|DATA|SCRIPT)%", lambda m: fields[m.group(1)], TEMPLATE)
+    return re.sub(r"%(POLICY|REFRESH|TITLE|HEADER|TRAJECTORY|DATA|SCRIPT)%", lambda m: fields[m.group(1)], TEMPLATE)
+
+
+def display_name(key: str) -> str:
+    """How the report names a series: a compiled tracr head's attention match says "compiled"
+    (`tracr/attn_match/L3H0` -> `tracr/attn_match/compiled-L3H0`), so that it cannot be read
+    as the learned model's head L3H0; every other key as it is."""
+    return re.sub(r"^(tracr/attn_match/)(L\d+H\d+)(/|$)", r"\1compiled-\2\3", key)
+
+
+def _size(event: dict, series: dict) -> float | None:
+    """The change as a fraction of its series' range (on log10 of the values when the event
+    was measured on a log scale); None when the series or the magnitude is missing."""
+    data = series.get(event.get("metric"))
+    if data is None or not isinstance(event.get("magnitude"), (int, float)):
+        return None
+    values = np.asarray(data[1], dtype=float)
+    values = values[np.isfinite(values)]
+    if event.get("scale") == "log":
+        values = np.log10(values[values > 0])
+    span = float(np.ptp(values)) if len(values) else 0.0
+    return round(abs(float(event["magnitude"])) / span, 4) if span > 0 else None
+
+
+def one_row_per_series(rows: list[dict]) -> list[dict]:
+    """Lead/lag rows with each series once: of its rows (one per val/loss transition it came
+    with), the one nearest its reference transition in log-step."""
+    best: dict[str, dict] = {}
+    for row in rows:
+        gap = abs(np.log(max(row["midpoint"], 1) / max(row["reference_midpoint"], 1)))
+        if row["metric"] not in best or gap < best[row["metric"]][0]:
+            best[row["metric"]] = (gap, row)
+    kept = {id(r) for _, r in best.values()}
+    return [r for r in rows if id(r) in kept]
+
+
+def _config(folder: RunFolder) -> dict:
+    """The run's config flattened to dotted keys ({} without a readable one)."""
+    try:
+        return flatten_config(folder.read_config(), fold_init_args=True)
+    except Exception:  # noqa: BLE001 - no config, or not one phasewatch wrote: a header without it
+        return {}
+
+
+def run_state(folder: RunFolder, series: dict, config: dict, live: bool) -> dict:
+    """Where the run is: its last logged step, `trainer.max_steps`, whether it is running (the
+    live copy), finished (reached its last step) or stopped, and when its metrics last changed."""
+    step = int(max((max(s) for s, _ in series.values() if len(s)), default=0))
+    max_steps = config.get("trainer.max_steps")
+    max_steps = max_steps if isinstance(max_steps, int) and max_steps > 0 else None
+    status = "running" if live else "finished" if max_steps is None or step >= max_steps - 1 else "stopped"
+    updated = datetime.datetime.fromtimestamp(folder.metrics.stat().st_mtime, datetime.timezone.utc)
+    return {"step": step, "max_steps": max_steps, "status": status, "updated": updated.strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def header(folder: RunFolder, state: dict, config: dict) -> str:
+    """The header's HTML (every string escaped): state line, key config fields, file links."""
+    of = f" of {state['max_steps']}" if state["max_steps"] else ""
+    line = f"step {state['step']}{of}, {state['status']}; last update {state['updated']}"
+    fields = [(k.removeprefix("data.task.").removeprefix("model.arch.").removeprefix("model.")
+               .removeprefix("trainer."), config[k]) for k in HEADER_FIELDS if k in config]
+    cells = "".join(f"<span><b>{html.escape(str(k))}</b> {html.escape(str(v))}</span>" for k, v in fields)
+    links = "".join(f'<a href="{html.escape(quote(getattr(folder, name).name))}">{html.escape(getattr(folder, name).name)}</a>'
+                    for name in HEADER_FILES if getattr(folder, name).exists())
+    return (f'<div id="state" class="state">{html.escape(line)}</div><div id="config" class="fields">{cells}</div>'
+            f'<div id="files" class="fields">files: {links}</div>')
+
+
+def _stages(folder: RunFolder) -> list[dict]:
+    """The run's stages (phases/stages.py), for the timeline: id, name, span, what moved."""
+    try:
+        stages = read_stages(folder)
+    except Exception:  # noqa: BLE001 - an unreadable stages file: no timeline, the rest of the report
+        return []
+    return [{"id": s.id, "name": s.name, "onset": s.onset, "midpoint": s.midpoint, "end": s.end, "lead": s.lead,
+             "type": s.type, "series": [display_name(m.get("series", m.get("metric", ""))) for m in s.members]}
+            for s in stages]
 
 
 #: the diff columns the report shows (all are in diff/<name>.csv)
@@ -184,9 +292,14 @@ h1{font-size:20px;margin:4px 0 12px} h2{font-size:15px;margin:18px 0 6px}
 .panel{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px;margin:8px 0;display:inline-block;vertical-align:top}
 .legend span{display:inline-block;margin-right:10px;font-size:12px} table{border-collapse:collapse;font-size:13px}
 td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left} .note{color:#666;font-size:12px}
+.state{font-size:14px;margin:2px 0} .fields{font-size:12px;color:#444;margin:2px 0} .fields span,.fields a{margin-right:12px}
+.bands{font-size:11px;color:#444;max-width:560px} .bands span{display:inline-block;margin-right:10px}
+summary{cursor:pointer;font-size:13px;color:#444;margin:6px 0}
 </style></head><body>
 <h1>phasewatch report: %TITLE%</h1>
-<div class="note">Every series on a log-step axis; shaded bands are detected phase transitions.</div>
+%HEADER%
+<div id="stages"></div>
+<div class="note">Every series on a log-step axis; shaded bands are detected phase transitions (legend under each panel).</div>
 <div id="panels"></div>
 <h2>Transitions and lead/lag</h2><div id="events"></div>
 <h2>Arrays over checkpoints</h2><div id="arrays"></div>
@@ -211,6 +324,52 @@ function table(parent, headers, rows) {  // every cell is text (a run folder's s
   return t;
 }
 function extent(a) { let lo = Infinity, hi = -Infinity; for (const v of a) { if (v < lo) lo = v; if (v > hi) hi = v; } return [lo, hi]; }
+function label(k) { return D.labels[k] ?? k; }  // a series as the report names it (compiled tracr heads say so)
+// tick labels: plain numbers (0.01, 1, 1000) or powers of ten (10\u207b\u2075), never 1e-0.6
+const SUP = {"-": "\u207b", "0": "\u2070", "1": "\u00b9", "2": "\u00b2", "3": "\u00b3", "4": "\u2074", "5": "\u2075", "6": "\u2076", "7": "\u2077", "8": "\u2078", "9": "\u2079"};
+function power(m, d) {  // m x 10^d (m: 1, 2 or 5) as people write it
+  if (d >= -3 && d <= 4) return (m * 10 ** d).toFixed(Math.max(0, -d));
+  return (m === 1 ? "" : m + "\u00d7") + "10" + String(d).split("").map(c => SUP[c]).join("");
+}
+function logTicks(lo, hi) {  // [log10 position, label] within [lo, hi] (log10 units): decades, else 1-2-5 steps, else the ends
+  const eps = 1e-9; let out = [];
+  for (let d = Math.ceil(lo - eps); d <= Math.floor(hi + eps); d++) out.push([d, power(1, d)]);
+  if (out.length > 6) { const k = Math.ceil(out.length / 6); out = out.filter(t => t[0] % k === 0); }
+  if (out.length >= 2) return out;
+  out = [];
+  for (let d = Math.floor(lo); d <= Math.ceil(hi); d++) for (const m of [1, 2, 5]) {
+    const x = d + Math.log10(m); if (x >= lo - eps && x <= hi + eps) out.push([x, power(m, d), m]);
+  }
+  if (out.length > 6) out = out.filter(t => t[2] !== 2);
+  if (out.length >= 2) return out;  // a narrow range within a decade: round values, at their log positions
+  return linearTicks(10 ** lo, 10 ** hi).filter(t => t[0] > 0).map(([v, text]) => [Math.log10(v), text]);
+}
+function linearTicks(lo, hi) {  // [value, label] at the widest round step (1, 2 or 5 x 10^k) that leaves 3 ticks in [lo, hi]
+  const count = st => Math.floor(hi / st + 1e-9) - Math.ceil(lo / st - 1e-9) + 1;
+  let step = null;
+  for (let st = 10 ** Math.floor(Math.log10(hi - lo)) / 100, i = 0; i < 12; st *= [2, 2.5, 2][i % 3], i++) {
+    if (count(st) >= 3) step = st; else if (step !== null) break;
+  }
+  if (step === null) return [[lo, plainValue(lo)], [hi, plainValue(hi)]];
+  const digits = Math.max(0, -Math.floor(Math.log10(step) + 1e-9)), out = [];
+  for (let i = Math.ceil(lo / step - 1e-9); i * step <= hi + step * 1e-9; i++) out.push([i * step, (i * step).toFixed(digits).replace(/^-(0\.?0*)$/, "$1")]);
+  return out;
+}
+function plainValue(v) {  // one value, 3 significant digits, without exponent notation where it reads plainly
+  if (v === 0 || !Number.isFinite(v)) return String(v);
+  const d = Math.floor(Math.log10(Math.abs(v)));
+  if (d < -3 || d > 5) return (+(v / 10 ** d).toPrecision(3)) + "\u00d7" + power(1, d);
+  return String(+v.toPrecision(3));
+}
+function smoothed(xs, ys, half) {  // the mean of the points within +-half (log10 steps) of each point
+  const out = []; let a = 0, b = 0, sum = 0;
+  for (let i = 0; i < xs.length; i++) {
+    while (b < xs.length && xs[b] <= xs[i] + half) sum += ys[b++];
+    while (xs[a] < xs[i] - half) sum -= ys[a++];
+    out.push(sum / (b - a));
+  }
+  return out;
+}
 function drawPanel(panel) {
   const box = el("div", {className: "panel"}, document.getElementById("panels"));
   el("div", {textContent: panel.title, style: "font-weight:600;font-size:13px"}, box);
@@ -238,29 +397,83 @@ function drawPanel(panel) {
     g.fillStyle = "#444"; g.font = "10px sans-serif"; g.fillText(`${iv.kind} ${iv.component}`, xa + 3, M.t + 11);
   }
   g.strokeStyle = "#999"; g.strokeRect(M.l, M.t, W - M.l - M.r, H - M.t - M.b);
-  g.fillStyle = "#555"; g.font = "11px sans-serif";
-  for (let d = Math.ceil(x0); d <= Math.floor(x1); d++) g.fillText("1e" + d, X(d) - 8, H - 8);
-  for (const f of [0, 0.5, 1]) { const v = y0 + f * (y1 - y0); g.fillText(panel.log_y ? "1e" + v.toFixed(1) : v.toPrecision(3), 2, Y(v) + 4); }
+  g.fillStyle = "#555"; g.font = "11px sans-serif";  // x: steps at decades; y: round values, or decades on a log axis
+  for (const [x, text] of logTicks(x0, x1)) { g.textAlign = "center"; g.fillText(text, X(x), H - 8); }
+  g.textAlign = "right";
+  for (const [y, text] of (panel.log_y ? logTicks(y0, y1) : linearTicks(y0, y1))) g.fillText(text, M.l - 4, Y(y) + 4);
+  g.textAlign = "left";
   const legend = el("div", {className: "legend"}, box);
   panel.keys.forEach((k, i) => {
     const p = D.series[k]; if (!p) return;
-    const c = COLORS[i % COLORS.length]; g.strokeStyle = c; g.lineWidth = 1.4; g.beginPath();
-    let started = false;
-    p[0].forEach((s, j) => { let v = p[1][j]; if (s < 1 || (panel.log_y && !(v > 0))) return; if (panel.log_y) v = Math.log10(v);
-      const px = X(Math.log10(s)), py = Y(v); if (started) g.lineTo(px, py); else { g.moveTo(px, py); started = true; } });
-    g.stroke(); el("span", {textContent: "\u25A0 " + k, style: "color:" + c}, legend);
+    const xs = [], ys = [];
+    p[0].forEach((s, j) => { const v = p[1][j]; if (s < 1 || (panel.log_y && !(v > 0))) return; xs.push(Math.log10(s)); ys.push(panel.log_y ? Math.log10(v) : v); });
+    const smooth = D.smooth.includes(k), c = COLORS[i % COLORS.length];
+    const line = (vs, alpha) => { g.globalAlpha = alpha; g.strokeStyle = c; g.lineWidth = 1.4; g.beginPath();
+      vs.forEach((v, j) => j ? g.lineTo(X(xs[j]), Y(v)) : g.moveTo(X(xs[j]), Y(v))); g.stroke(); g.globalAlpha = 1; };
+    if (smooth) { line(ys, 0.25); line(smoothed(xs, ys, 0.03), 1); } else line(ys, 1);
+    el("span", {textContent: "\u25A0 " + label(k) + (smooth ? " (smoothed; raw points faint)" : ""), style: "color:" + c}, legend);
   });
+  bandLegend(box, panel);
 }
-function drawEvents() {
-  const box = document.getElementById("events");
-  if (!D.events.length) { box.textContent = "No transitions detected."; return; }
-  table(box, ["metric", "direction", "onset", "midpoint", "end", "magnitude", "detected at"],
-    D.events.map(e => [e.metric, e.direction, e.onset, e.midpoint, e.end, (+e.magnitude).toPrecision(3), e.detected_at]));
+function bandLegend(box, panel) {  // which series each shaded band is, and its direction
+  const bands = D.events.filter(ev => panel.keys.includes(ev.metric) && ev.onset >= 1);
+  if (!bands.length) return;
+  const div = el("div", {className: "bands"}, box); div.dataset.bands = panel.title;
+  el("span", {textContent: "shaded:"}, div);
+  for (const ev of bands) {
+    const up = ev.direction === "up", span = el("span", {}, div);
+    el("span", {textContent: "\u25A0", style: `color:${up ? "rgba(44,160,44,0.5)" : "rgba(214,39,40,0.5)"};margin:0 3px 0 0`}, span);
+    el("span", {textContent: `${label(ev.metric)} ${up ? "\u2191" : ev.direction === "down" ? "\u2193" : ""}${ev.direction}, steps ${ev.onset}\u2013${ev.end}`}, span);
+  }
+}
+function drawEvents() {  // by midpoint; changes under D.small of their series' range folded
+  const box = document.getElementById("events"), st = D.state;
+  if (!D.events.length) {
+    const where = st.status === "running" ? `yet (step ${st.step}${st.max_steps ? " of " + st.max_steps : ""}, running)`
+      : `: the run ${st.status === "finished" ? "ended" : "stopped"} at step ${st.step}${st.max_steps ? " of " + st.max_steps : ""}; ` +
+        "a change that comes later needs a longer run (--trainer.max_steps)";
+    box.textContent = "No transitions detected " + where + ".";
+    return;
+  }
+  const headers = ["metric", "direction", "onset", "midpoint", "end", "magnitude", "of its range", "detected at"];
+  const row = e => [label(e.metric), e.direction, e.onset, e.midpoint, e.end, (+e.magnitude).toPrecision(3),
+                    e.size == null ? "" : Math.round(100 * e.size) + "%", e.detected_at];
+  const small = e => e.size != null && e.size < D.small, big = D.events.filter(e => !small(e)), folded = D.events.filter(small);
+  if (big.length) table(box, headers, big.map(row)).id = "transitions";
+  else el("div", {className: "note", textContent: `No transition changed its series by ${100 * D.small}% of its range or more.`}, box);
+  if (folded.length) {
+    const details = el("details", {id: "small-transitions"}, box);
+    el("summary", {textContent: `${folded.length} small transition${folded.length > 1 ? "s" : ""} (under ${100 * D.small}% of their series' range): show`}, details);
+    table(details, headers, folded.map(row));
+  }
   if (D.leadlag.length) {
     el("h2", {textContent: "Lead/lag against val/loss (positive: earlier)"}, box);
     table(box, ["val/loss transition (midpoint)", "metric", "direction", "midpoint", "leads by (steps)"],
-      D.leadlag.map(r => [`${r.reference_direction} (${r.reference_midpoint})`, r.metric, r.direction, r.midpoint, r.lead]));
+      D.leadlag.map(r => [`${r.reference_direction} (${r.reference_midpoint})`, label(r.metric), r.direction, r.midpoint, r.lead])).id = "leadlag";
   }
+}
+function drawStages() {  // the stage timeline: one row per stage on the run's log-step axis
+  if (!D.stages.length) return;
+  const box = document.getElementById("stages");
+  el("h2", {textContent: "Stages (several series changing together)"}, box);
+  const L = 330, R = 20, row = 22, top = 6, Wd = 900, Hd = top + row * D.stages.length + 22;
+  const cv = el("canvas", {width: Wd, height: Hd}, box); cv.id = "stage-timeline";
+  const g = cv.getContext("2d"), last = Math.max(D.state.max_steps || 0, D.state.step, ...D.stages.map(s => s.end), 10);
+  const X = s => L + Math.log10(Math.max(s, 1)) / Math.log10(last) * (Wd - L - R);
+  g.font = "12px sans-serif";
+  D.stages.forEach((s, i) => {
+    const y = top + i * row;
+    g.fillStyle = i % 2 ? "#fff" : "#f3f3f3"; g.fillRect(0, y, Wd, row);
+    g.fillStyle = COLORS[i % COLORS.length]; g.fillRect(X(s.onset), y + 5, Math.max(X(s.end) - X(s.onset), 2), row - 10);
+    g.fillStyle = "#000"; g.fillRect(X(s.midpoint) - 1, y + 2, 2, row - 4);
+    g.fillStyle = "#222"; g.textAlign = "left";
+    g.fillText(`stage ${s.id}${s.name ? " " + s.name : ""}: steps ${s.onset}\u2013${s.end}, led by ${label(s.lead)}`, 4, y + 15);
+  });
+  g.fillStyle = "#555"; g.font = "11px sans-serif"; g.textAlign = "center";
+  for (const [x, text] of logTicks(0, Math.log10(last))) g.fillText(text, L + x / Math.log10(last) * (Wd - L - R), Hd - 6);
+  g.textAlign = "left";
+  el("div", {className: "note", textContent: "bars: onset to end of each stage (black: its midpoint); what moved: " +
+    D.stages.map(s => `stage ${s.id}: ${s.series.join(", ")}`).join("; ")}, box);
 }
 function heatColor(v, lo, hi) {
   if (v === null || Number.isNaN(v)) return "#eee";
@@ -311,6 +524,7 @@ function drawArray(name, A) {
   // positive values over more than three decades (e.g. a Fourier spectrum): colour by log10
   const logScale = lo > 0 && hi / lo > 1e3, c = v => (logScale && v !== null && v > 0 ? Math.log10(v) : v);
   const rows = A.data[0].length, cols = A.data[0][0].length, cw = (cv.width - ml) / cols, ch = (cv.height - mb) / rows;
+  colourBar(cv, name, A.shade ? null : [c(lo), c(hi)], logScale, cv.height - mb);
   let hover = null;  // the cell under the pointer: its names and value at the slider's checkpoint
   function show() {
     if (!hover) { readout.textContent = "\u00a0"; return; }
@@ -340,6 +554,17 @@ function drawArray(name, A) {
   cv.addEventListener("mouseleave", () => { hover = null; show(); });
   slider.addEventListener("input", render); render();
 }
+function colourBar(cv, name, range, logScale, height) {  // beside a heatmap: its colours and the values they stand for
+  const bar = el("canvas", {width: 92, height: cv.height}); cv.after(bar); bar.dataset.colorbar = name;
+  const g = bar.getContext("2d"), top = 6, bottom = height - 6, x = 8, w = 14;
+  const [lo, hi] = range || [0, 1], Y = v => bottom - (v - lo) / ((hi - lo) || 1) * (bottom - top);
+  for (let y = top; y <= bottom; y++) { g.fillStyle = heatColor(lo + (bottom - y) / (bottom - top) * (hi - lo), lo, hi); g.fillRect(x, y, w, 1); }
+  g.strokeStyle = "#999"; g.strokeRect(x, top, w, bottom - top);
+  g.fillStyle = "#333"; g.font = "10px sans-serif";
+  const ticks = !range ? [[0, "column min"], [1, "column max"]] : hi === lo ? [[lo, plainValue(lo)]]
+    : logScale ? logTicks(lo, hi) : linearTicks(lo, hi);
+  for (const [v, text] of ticks) { g.fillRect(x + w, Y(v), 3, 1); g.fillText(text, x + w + 5, Y(v) + 3); }
+}
 function drawDiffs() {  // phasewatch diff's tables: each column shaded by its largest magnitude
   const box = document.getElementById("diffs");
   if (!D.diffs.length) return;
@@ -360,7 +585,7 @@ function drawDiffs() {  // phasewatch diff's tables: each column shaded by its l
       d.inputs.map(e => [e.tokens, (+e.loss_a).toPrecision(3), (+e.loss_b).toPrecision(3)]));
   }
 }
-D.panels.forEach(drawPanel); drawEvents(); drawDiffs();
+drawStages(); D.panels.forEach(drawPanel); drawEvents(); drawDiffs();
 const names = Object.keys(D.arrays);
 if (!names.length) document.getElementById("arrays").textContent = "No array measurements in this run.";
 names.forEach(n => drawArray(n, D.arrays[n]));

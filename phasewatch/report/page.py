@@ -1,22 +1,12 @@
 """What every page phasewatch writes shares, so that a run folder's strings stay text.
 
-A run folder is data from anyone (a plug-in probe's metric keys, a folder someone sends), and
-its strings are shown: metric keys, event fields, array labels, config values, folder names.
-Each page therefore
-
-- escapes every string it templates in Python (`html.escape`), and builds everything its
-  script shows with `textContent`, never `innerHTML`;
-- embeds its data as JSON in a `<script type="application/json">` with every `<`, `>` and `&`
-  written as a `\\u` escape (`script_json`), so no string can close the block or open a
-  comment in it;
-- carries a Content-Security-Policy (`policy`) under which nothing loads from anywhere and the
-  only script that runs is the page's own (by its SHA-256): markup that got in anyway, an
-  inline event handler, a `javascript:` link, stays inert. Images are the page's own (`data:`
-  PNGs); a `<meta http-equiv="refresh">` (the live report) is not governed by it and still
-  reloads the page.
-
-Arrays are read with `load_array`: never unpickled (a pickle runs code), and a file that holds
-anything but a plain array is one line naming it (ConfigError), not a traceback.
+A run folder is data from anyone, and its strings (metric keys, event fields, labels, config
+values, folder names) are shown. Each page escapes every string it templates (`html.escape`)
+and its script shows strings with `textContent` only; embeds its data with `script_json` (`<`,
+`>`, `&` as `\\u` escapes: no string closes the block); and carries `policy`, a
+Content-Security-Policy under which nothing loads and only the page's own script runs (by its
+SHA-256). `load_array` reads a run folder's .npy arrays without unpickling them (ConfigError,
+one line, for anything but a plain array). docs/report.md, "Safety": why.
 """
 
 from __future__ import annotations

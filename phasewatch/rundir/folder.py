@@ -2,24 +2,16 @@
 
 ```
 runs/<name>/
-  config.yaml          the fully resolved configuration (re-runnable)
-  metrics.jsonl        {"step": int, "<key>": number, ...} per line, flushed as logged
-  events.jsonl         phase-transition events, one per line
-  stages.jsonl         the run's stages (several series changing together), one per line
-  interventions.jsonl  the interventions the run was trained with
-  analyses.jsonl       one line per `phasewatch analyze` of the run
-  checkpoints/         step=<N>.ckpt on the schedule (N zero-padded to 7 digits), plus last.ckpt
-  arrays/<probe>/<key>/step=<N>.npy    array-valued measurements, keyed by step
-  arrays/trajectory/<kind>/pca.npy     the checkpoint trajectory (phasewatch trajectory)
-  figures/<name>.png   figures (curves, tracr, trajectory)
-  report.html          the self-contained report
-  wandb/, wandb_id, wandb_group        the W&B run files, its id and group
-  analyze/wandb/, diff/wandb/          the W&B runs of `analyze` and `diff` (never the training run's wandb/)
+  config.yaml  metrics.jsonl  events.jsonl  stages.jsonl  interventions.jsonl  analyses.jsonl
+  checkpoints/step=<N>.ckpt (N zero-padded to 7 digits; weights only by default), last.ckpt
+  arrays/<probe>/<key>/step=<N>.npy, arrays/trajectory/<kind>/pca.npy
+  figures/<name>.png   report.html   heads.csv   diff/
+  wandb/, wandb_id, wandb_group; analyze/wandb/, diff/wandb/ (never the training run's wandb/)
   .lock                the pid of the process writing the folder
 ```
 
-A sweep folder (`SweepFolder`) holds run folders, `sweep.json` (the sweep's state) and
-`logs/<run>.log`.
+What each file holds: the README's "The run folder". A sweep folder (`SweepFolder`) holds run
+folders, `sweep.json` (the sweep's state) and `logs/<run>.log`.
 """
 
 from __future__ import annotations
