@@ -36,7 +36,7 @@ from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_metrics, dense_probes
 from phasewatch.errors import require
 from phasewatch.probes import check_options, default_probes, get_probe
-from phasewatch.probes.keys import is_tracked
+from phasewatch.probes.keys import is_announced, is_tracked, tracked_name
 from phasewatch.rundir import RunFolder, is_number
 
 
@@ -62,12 +62,12 @@ class ProbeRunner(pl.Callback):
 
     def __init__(self, names: list[str] | None = None, schedule: Schedule = Schedule(kind="log", count=60),
                  every_validation: bool = True, options: dict[str, dict] | None = None,
-                 schedules: dict[str, Schedule] | None = None, budget: float | None = None):
+                 schedules: dict[str, Schedule] | None = None, budget: float | None = None, verbose: bool = False):
         self.names, self.schedule, self.every_validation = names, schedule.validate("probes.schedule"), every_validation
         if budget is not None:
             require(is_number(budget) and budget >= 0, "probes.budget", f"{budget!r} is not a share of training time",
                     "Give a number >= 0, e.g. 0.1 for 10%, or null for no bound.")
-        self.budget = budget
+        self.budget, self.verbose = budget, bool(verbose)
         self.clock = ProbeClock()
         for name in names or []:
             get_probe(name)  # imports plug-ins named by a dotted name, whose options are checked next
@@ -163,9 +163,9 @@ class ProbeRunner(pl.Callback):
         previous = history[-1][1] if history else None
         if previous is None or sorted(previous) != sorted(labels):
             history.append((step, labels))
-            if previous is not None:  # a population's member is named (training/population.py)
-                at = f"{member} step {step}" if member else f"step {step}"
-                print(f"phasewatch: {at}: {key.replace('_', ' ')} {_show(previous)} -> {_show(labels)}")
+            if previous is not None and (self.verbose or is_announced(key)):  # a population's member is named
+                at = f"member {member}, step {step}" if member else f"step {step}"
+                print(f"phasewatch: {at}: {tracked_name(key)} {_show(previous)} -> {_show(labels)}")
 
     def _initial_model(self, pl_module: pl.LightningModule, step: int):
         """The model at step 0 when a probe wants it: copied at step 0, rebuilt from the

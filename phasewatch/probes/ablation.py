@@ -313,6 +313,7 @@ def _applies(task: Task) -> bool:
 KEYS = KeyFamilies(
     detail=r"^ablation/L\d+H\d+/|^ablation/.+/loss_delta$",  # per head, and the loss deltas (accuracies stay)
     tracked="necessary_components",
+    tracked_names={"necessary_components": "components whose ablation breaks the task"},
     panels=(Panel("accuracy with one layer mean-ablated", re.compile(r"ablation/L\d+\.(attn|mlp)/acc")),),
     hidden=("ablation/",),
 )

@@ -144,6 +144,7 @@ def composition_probe_values(model, factor: float = COMPOSE_FACTOR) -> dict:
 KEYS = KeyFamilies(
     detail=r"^comp/[qkv]/L\d+H\d+",  # one pair of heads
     tracked=r"[qkv]_pairs",
+    tracked_names={f"{kind}_pairs": f"{kind.upper()}-composing head pairs (earlier-later)" for kind in "qkv"},
     panels=(Panel("composition: maximum per kind and random baseline",
                   ("comp/k/max", "comp/q/max", "comp/v/max", "comp/baseline")),),
     hidden=("comp/",),

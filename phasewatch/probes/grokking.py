@@ -273,6 +273,8 @@ STAGES = (
 KEYS = KeyFamilies(
     detail=r"^grok/key_freq/|^grok/excluded_loss/\d",  # per frequency
     tracked="key_freqs",
+    tracked_names={"key_freqs": "key frequencies (the Fourier frequencies the model computes with)"},
+    announced="key_freqs",
     panels=(Panel("loss", ("grok/restricted_loss", "grok/excluded_loss"), log_y=True),
             Panel("Gini coefficient of Fourier norms", ("grok/gini_embed", "grok/gini_neuron_logit")),
             Panel("sum of squared weights", ("grok/weight_norm",)),

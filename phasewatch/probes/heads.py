@@ -196,6 +196,7 @@ def _has_bos_vocab(task) -> bool:
 KEYS = KeyFamilies(
     detail=r"^heads/[^/]+/L\d+H\d+",  # one head
     tracked=r"\w+_heads",
+    announced="induction_heads",
     panels=(Panel("loss on repeated random tokens", ("icl/first_copy_loss", "icl/second_copy_loss")),
             Panel("induction score per head", "heads/induction/L"),
             Panel("previous-token score per head", "heads/prev_token/L")),

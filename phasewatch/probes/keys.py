@@ -56,6 +56,10 @@ class KeyFamilies:
         headline: keys worth a column in `compare` and a mark on `trajectory`; one alone
             changing makes a stage.
         stages: the stages the probe knows, by what moves in them (phases/stages.py `Signature`).
+        tracked_names: what a person calls each tracked set (full match of the output's name ->
+            words), e.g. {"match_heads": "learned heads that match a compiled head"}.
+        announced: regular expression (full match) of the tracked sets whose changes the
+            console prints by default (the others with `--probes.verbose true`).
     """
 
     detail: str | None = None
@@ -64,6 +68,8 @@ class KeyFamilies:
     hidden: tuple[str, ...] = ()
     headline: tuple[str, ...] = ()
     stages: tuple[Signature, ...] = ()
+    tracked_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    announced: str | None = None
 
 
 #: keys the training loop logs (training/module.py): losses, accuracies, the learning rate
@@ -113,6 +119,20 @@ def is_detail(key: str) -> bool:
 def is_tracked(output: str) -> bool:
     """A probe output that is a set of labels followed over training (key frequencies, heads)."""
     return any(f.tracked and re.fullmatch(f.tracked, output) for f in _FAMILIES.values())
+
+
+def tracked_name(output: str) -> str:
+    """The words for a tracked set (`tracked_names`), else its name with spaces."""
+    for family in _FAMILIES.values():
+        for pattern, words in family.tracked_names.items():
+            if re.fullmatch(pattern, output):
+                return words
+    return output.replace("_", " ")
+
+
+def is_announced(output: str) -> bool:
+    """Whether the console prints a change of this tracked set by default."""
+    return any(f.announced and re.fullmatch(f.announced, output) for f in _FAMILIES.values())
 
 
 def panels() -> list[Panel]:

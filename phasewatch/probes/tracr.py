@@ -398,6 +398,7 @@ def _applies(task: Task) -> bool:
 KEYS = KeyFamilies(
     detail=r"^tracr/probe_baseline/|^tracr/agreement/len",  # constant baselines, per-length agreement
     tracked="match_heads",
+    tracked_names={"match_heads": "compiled heads and the learned heads matching them (compiled=learned)"},
     panels=(Panel("agreement with the compiled model", ("tracr/agreement",)),
             Panel("attention match with the compiled heads (head; path)", "tracr/attn_match/"),
             Panel("CKA with the compiled residual stream (best compiled site)", "tracr/cka/")),
