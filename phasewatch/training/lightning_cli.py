@@ -59,6 +59,11 @@ class TrainingProgressBar(TQDMProgressBar):
         if self._train_progress_bar is not None and trainer.state.fn == "fit":
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
+    def get_metrics(self, trainer, pl_module) -> dict:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # the logger's version (W&B's run id): the run folder says which run
+        return metrics
+
 
 class PhasewatchCLI(LightningCLI):
     """LightningCLI plus `--run_dir`, `--wandb/--no_wandb`, `--wandb_project` and the
