@@ -36,6 +36,7 @@ from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_metrics, dense_probes
 from phasewatch.errors import require
 from phasewatch.probes import check_options, default_probes, get_probe
+from phasewatch.callbacks.console import say
 from phasewatch.probes.keys import is_announced, is_tracked, tracked_name
 from phasewatch.rundir import RunFolder, is_number
 
@@ -153,19 +154,20 @@ class ProbeRunner(pl.Callback):
             self._keys.setdefault(name, set()).update(k for k in values if k in scalars)
             for key, value in values.items():
                 if is_tracked(key):
-                    self._track(step, key, [str(v) for v in value], getattr(trainer, "member", None))
+                    self._track(step, key, [str(v) for v in value], getattr(trainer, "member", None), trainer)
         if scalars:
             for logger in trainer.loggers:
                 logger.log_metrics(scalars, step=step)
 
-    def _track(self, step: int, key: str, labels: list[str], member: str | None = None) -> None:
+    def _track(self, step: int, key: str, labels: list[str], member: str | None = None,
+               trainer: pl.Trainer | None = None) -> None:
         history = self.history.setdefault(key, [])
         previous = history[-1][1] if history else None
         if previous is None or sorted(previous) != sorted(labels):
             history.append((step, labels))
             if previous is not None and (self.verbose or is_announced(key)):  # a population's member is named
                 at = f"member {member}, step {step}" if member else f"step {step}"
-                print(f"phasewatch: {at}: {tracked_name(key)} {_show(previous)} -> {_show(labels)}")
+                say(trainer, f"phasewatch: {at}: {tracked_name(key)} {_show(previous)} -> {_show(labels)}")
 
     def _initial_model(self, pl_module: pl.LightningModule, step: int):
         """The model at step 0 when a probe wants it: copied at step 0, rebuilt from the
