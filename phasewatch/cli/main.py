@@ -22,7 +22,8 @@ commands:
   plot      draw a run's curves: phasewatch plot RUN_DIR [--out FILE.png]
   analyze   probes over a run's saved checkpoints: phasewatch analyze RUN_DIR --probes llc
             (or the progress measures of a grokking-paper checkpoint: phasewatch analyze FILE.pth)
-  phases    phase transitions in every series of a run, metrics file or CSV: phasewatch phases FILE
+  phases    the stages of a run (series changing together), each series' transitions with --series:
+            phasewatch phases RUN_DIR|FILE [--series]
   report    one self-contained HTML report of a run: phasewatch report RUN_DIR [--out FILE.html]
   compile   compile a tracr program, check it, print its layout: phasewatch compile reverse
   sweep     run a W&B sweep file locally: phasewatch sweep sweeps/grokking.yaml [--parallel 2]
@@ -232,26 +233,35 @@ def analyze_paper_checkpoint(path: str) -> int:
 
 
 def phases_command(argv: list[str]) -> int:
+    """`phases PATH`: the stages of a run (several series changing together, phases/stages.py)
+    first; each series' transitions and lead/lag with `--series`."""
     import argparse
     import json
 
     parser = argparse.ArgumentParser(
         prog="phasewatch phases",
-        description="Detect phase transitions (in log-step time) in every series of a run folder, a metrics file "
-                    "(.jsonl) or a CSV file (steps from a 'step' column, else 1, 2, 3, ...).")
+        description="The stages of a run (intervals in which several series change together, named where a probe "
+                    "knows them: docs/stages.md), from the phase transitions (in log-step time) of every series of a "
+                    "run folder, a metrics file (.jsonl) or a CSV file (steps from a 'step' column, else 1, 2, 3, ...).")
     parser.add_argument("path")
     parser.add_argument("--keys", nargs="*", help="only these series (default: all)")
-    parser.add_argument("--log-values", action="store_true",
-                        help="detect in log10 of every positive series (default: each on its own scale, as the live "
-                             "watcher: losses in log10, accuracies and fractions as they are; docs/phases.md)")
+    parser.add_argument("--series", action="store_true",
+                        help="also each series' transitions and lead/lag (per-series key frequencies and heads "
+                             "included, which stages leave out)")
+    parser.add_argument("--log-values", action="store_true", help="detect in log10 of the values (losses by decades)")
     parser.add_argument("--reference", default=None,
                         help="lead/lag against this series' transitions (default: val/loss when present)")
-    parser.add_argument("--json", action="store_true", help="print the events as JSON lines")
+    parser.add_argument("--json", action="store_true",
+                        help="print the stages as JSON lines (with --series: the events, as in events.jsonl)")
     parser.add_argument("--trends", action="store_true",
-                        help="also list the steady changes that are not transitions (kind 'trend', docs/phases.md)")
+                        help="with --series, also list the steady changes that are not transitions (kind 'trend', "
+                             "docs/phases.md)")
     args = parser.parse_args(argv)
     from phasewatch.phases.detector import DetectorConfig, detect_all, lead_lag
+    from phasewatch.phases.stages import detect_stages
+    from phasewatch.probes.keys import stage_rules
     from phasewatch.rundir import load_series
+    import phasewatch.probes  # noqa: F401  (the probes' key declarations: families, headline keys, stages)
 
     try:
         data = load_series(args.path)
@@ -265,17 +275,24 @@ def phases_command(argv: list[str]) -> int:
                   file=sys.stderr)
             return 2
         data = {k: data[k] for k in args.keys}
-    from phasewatch.probes.keys import declared_scale  # each series on the live watcher's scale (phases/scale.py)
-
-    found = detect_all(data, DetectorConfig(log_values=args.log_values), trends=args.trends,
-                       declared=None if args.log_values else declared_scale)
-    if args.json:
-        for e in found:
-            print(json.dumps(e))
-        return 0
+    rules = stage_rules()
+    watched = data if args.series else {k: v for k, v in data.items() if not rules.detail(k)}
+    found = detect_all(watched, DetectorConfig(log_values=args.log_values), trends=args.trends and args.series)
     events = [e for e in found if e["kind"] == "transition"]
+    stages = detect_stages(events, watched, rules)
+    if args.json:
+        for record in (found if args.series else [s.to_dict() for s in stages]):
+            print(json.dumps(record))
+        return 0
+    in_stages = sum(len(s.members) for s in stages)
+    print(f"{len(stages)} stage{'s' * (len(stages) != 1)} in {len(data)} series of {args.path} "
+          f"({in_stages} of their {len(events)} transitions; each series' with --series)")
+    for stage in stages:
+        print(f"  {stage.summary()}")
+    if not args.series:
+        return 0
     trends = f" (and {len(found) - len(events)} trends)" if args.trends else ""
-    print(f"{len(events)} transitions{trends} in {len(data)} series of {args.path}")
+    print(f"\n{len(events)} transitions{trends} in {len(data)} series of {args.path}")
     if found:
         print(f"{'metric':34s} {'dir':4s} {'onset':>8s} {'midpoint':>9s} {'end':>8s} {'magnitude':>10s} "
               f"{'steepest':>9s} {'conf':>5s}{'  kind' if args.trends else ''}")

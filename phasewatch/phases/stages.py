@@ -8,8 +8,8 @@ group; a group is a stage when it holds series of two families or a headline ser
 (`StageRules`), and the lone changes of other groups are taken out. A stage matching one
 declared `Signature` is named (None otherwise, never forced); where an LLC series exists it
 has a type ("A": loss falls, LLC rises; "B": loss flat, LLC falls; Hoogland et al. 2024).
-`previous` carries stage ids between calls; `write_stages`/`read_stages`: the run folder's
-stages file. Method, rules and measurements: docs/stages.md.
+`previous` carries stage ids between calls. A run folder's stages: `run_stages`, written by
+`record_stages`/`write_stages` and read by `read_stages`. Method and measurements: docs/stages.md.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from phasewatch.phases.detector import detect_all
 from phasewatch.rundir import read_jsonl
 
 #: transitions are one stage while their midpoints are one time up to their own widths at this
@@ -336,6 +337,21 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
                             type=stage_type(onset, end, series)))
     if previous is not None:
         _carry_ids(stages, previous)
+    return stages
+
+
+def run_stages(folder, rules: StageRules | None = None, events: Iterable | None = None) -> list[Stage]:
+    """A run folder's stages: of `events`, by default the detector's transitions in every
+    series that is not detail (what `phasewatch phases RUN` shows)."""
+    rules = rules or StageRules()
+    series = {k: v for k, v in folder.series().items() if not rules.detail(k)}
+    return detect_stages(detect_all(series) if events is None else events, series, rules)
+
+
+def record_stages(folder, rules: StageRules | None = None, events: Iterable | None = None) -> list[Stage]:
+    """`run_stages`, written into the folder (`write_stages`) for the report and the summary."""
+    stages = run_stages(folder, rules, events)
+    write_stages(folder, stages)
     return stages
 
 

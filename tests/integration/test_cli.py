@@ -93,9 +93,9 @@ def test_tasks_command_lists_tasks_programs_and_probes(capsys):
 
 
 def test_phases_command_on_the_published_csv(reference_dir, capsys):
-    assert main(["phases", str(reference_dir / "5_digit_addition_infinite_per_token.csv")]) == 0
+    assert main(["phases", str(reference_dir / "5_digit_addition_infinite_per_token.csv"), "--series"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("6 transitions in 6 series")
+    assert out.startswith("1 stage in 6 series") and "\n6 transitions in 6 series" in out  # stages first
     assert all(f"answer_token_{i}" in out for i in range(6))
 
 
@@ -105,9 +105,13 @@ def test_phases_command_json_on_a_run_and_bad_keys(tmp_path, capsys):
     run = tmp_path / "m.jsonl"
     rows = [{"step": s, "val/loss": 3.0 if s < 300 else 0.5} for s in range(10, 2000, 10)]
     run.write_text("".join(_json.dumps(r) + "\n" for r in rows))
-    assert main(["phases", str(run), "--json"]) == 0
+    assert main(["phases", str(run), "--json", "--series"]) == 0
     (event,) = [_json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert event["metric"] == "val/loss" and event["direction"] == "down" and 250 <= event["midpoint"] <= 310
+    assert main(["phases", str(run), "--json"]) == 0  # the stages: val/loss is a headline series, alone a stage
+    (stage,) = [_json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert stage["lead"] == "val/loss" and [m["series"] for m in stage["members"]] == ["val/loss"]
+    assert stage["onset"] == event["onset"] and stage["end"] == event["end"]
     assert main(["phases", str(run), "--keys", "nope"]) == 2
     assert "no series ['nope']" in capsys.readouterr().err
 
