@@ -208,10 +208,11 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
     return save_figure(fig, path, dpi=120)
 
 
-def plot_distributions(transitions: list[str], rows: list[dict[str, Any]], path: str | os.PathLike) -> Path:
+def plot_distributions(transitions: list[str], rows: list[dict[str, Any]], path: str | os.PathLike,
+                       empty: str = "no transitions detected") -> Path:
     """Runs that differ only in seeds: per transition, a box (quartiles, whiskers to the
     extremes) with every run's midpoint as a point beside it, and the median and
-    interquartile range in the title."""
+    interquartile range in the title; `empty`: what the plot says when there is no transition."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -238,7 +239,7 @@ def plot_distributions(transitions: list[str], rows: list[dict[str, Any]], path:
         ax.grid(alpha=0.3, axis="y")
     axes.flat[0].set_ylabel("transition midpoint (step)")
     if not transitions:
-        axes.flat[0].text(0.5, 0.5, "no transitions detected", ha="center", va="center")
+        axes.flat[0].text(0.5, 0.5, plain(empty), ha="center", va="center", wrap=True, fontsize=8)
     fig.suptitle(f"phase transitions over {len(rows)} seeds", fontsize=10)
     return save_figure(fig, path, dpi=120)
 

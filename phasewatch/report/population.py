@@ -73,6 +73,18 @@ def plot_members(root: str | Path, members: list[RunFolder], series: list[Series
     return save_figure(fig, out)
 
 
+def why_empty(members: list[RunFolder], series: list[Series]) -> str:
+    """Why a population has no transition to show, as far as its folders tell: where its runs
+    ended, and that a later change needs longer runs."""
+    ends = sorted({int(max(max(steps) for steps, _ in s.values() if len(steps))) for s in series if s})
+    config = members[0].read_config() if members and members[0].config.exists() else {}
+    planned = (config.get("trainer") or {}).get("max_steps")
+    ended = (f"the runs ended at step {ends[0]}" if len(ends) == 1 else
+             f"the runs ended between steps {ends[0]} and {ends[-1]}") if ends else "the runs logged no steps"
+    of = f" (trainer.max_steps {planned})" if isinstance(planned, int) and ends and planned > ends[-1] + 1 else ""
+    return f"{ended}{of}; a change that comes later in training needs longer runs (--trainer.max_steps)"
+
+
 def _image(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">'
 
@@ -97,8 +109,9 @@ def write_population_report(root: str | Path, out: str | Path | None = None) -> 
     columns, rows = compare_runs([(m.root, {}) for m in members], series)  # compare([root]) of a population
     write_csv(columns, rows, figures / "compare.csv")
     transitions = [c for c in columns if c.endswith((" up", " down"))]
+    ended = why_empty(members, series) if not transitions else ""
     spread = plot_distributions(transitions[:8], [r for r in rows if r["run"] not in STATISTICS],
-                                figures / "distributions.png")
+                                figures / "distributions.png", empty=f"no transitions detected:\n{ended}")
     stats = {r["run"]: r for r in rows if r["run"] in STATISTICS}
     head = "".join(f"<th>{html.escape(c)}</th>" for c in ["transition", *STATISTICS])
     body = "".join(
@@ -119,7 +132,8 @@ td:first-child{{text-align:left}}</style></head>
 <h2>Transition steps over the seeds</h2>
 <p>Midpoint step of each series' largest transition per direction (offline detector, as
 <code>phasewatch compare</code>), over the members that have it.</p>
-<table id="distribution"><tr>{head}</tr>{body}</table>{_image(spread)}
+<table id="distribution"><tr>{head}</tr>{body}</table>
+{f'<p id="empty">No member had a transition: {html.escape(ended)}.</p>' if ended else ""}{_image(spread)}
 <h2>Members</h2><ul id="members">{links}</ul>
 </body></html>
 """

@@ -16,6 +16,7 @@ import html
 import json
 import math
 import re
+import shutil
 import subprocess
 
 import numpy as np
@@ -227,3 +228,163 @@ def test_head_catalogue_panel_and_file(report, tmp_path, chromium):
                 cell = view["cells"][f"{score}|{head}"]
                 assert float(cell["readout"].rsplit(": ", 1)[1]) == pytest.approx(value, rel=1e-3, abs=1e-5)
                 assert np.allclose(cell["rgb"], heat_rgb((value - lo) / (hi - lo), 0, 1), atol=2.01), (score, head)
+
+
+# --- readability (issue 44): header, ticks, band legend, tables, colour bars, names, stages ---------
+
+READ_DRAWN = """<pre id="drawn"></pre><script>
+window.addEventListener("load", () => {  // what each panel, colour bar and the stage timeline drew
+  const out = {panels: {}, colorbars: {}, stages: []};
+  for (const cv of document.querySelectorAll("canvas[data-title]")) out.panels[cv.dataset.title] = (DRAWN.get(cv) || []).map(t => [t.text, t.x, t.y]);
+  for (const cv of document.querySelectorAll("canvas[data-colorbar]")) { const g = cv.getContext("2d");
+    out.colorbars[cv.dataset.colorbar] = (DRAWN.get(cv) || []).map(t => [t.text, Array.from(g.getImageData(15, Math.round(t.y - 3), 1, 1).data.slice(0, 3))]); }
+  const st = document.getElementById("stage-timeline"); if (st) out.stages = (DRAWN.get(st) || []).map(t => t.text);
+  document.getElementById("drawn").textContent = JSON.stringify(out);
+});
+</script>"""
+
+SUPERSCRIPT = str.maketrans("⁻⁰¹²³⁴⁵⁶⁷⁸⁹", "-0123456789")
+TICK = re.compile(r"-?\d+(\.\d+)?|(\d+(\.\d+)?×)?10[⁻⁰¹²³⁴⁵⁶⁷⁸⁹]+")
+
+
+def tick_value(text):
+    """A tick label's value: a plain number, or m×10ⁿ / 10ⁿ."""
+    if "10" in text and text.translate(SUPERSCRIPT) != text:
+        mantissa, _, power = text.rpartition("10")
+        return float(mantissa.rstrip("×") or 1) * 10 ** int(power.translate(SUPERSCRIPT))
+    return float(text)
+
+
+def payload_of(page):
+    return json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page.read_text(), re.S).group(1))
+
+
+def page_drawn(chromium, report, tmp_path):
+    """(what the canvases drew, the DOM) of the report in Chromium."""
+    page = tmp_path / "drawn.html"
+    page.write_text(run_own_scripts(report.read_text().replace("</title>", "</title>" + RECORD, 1)
+                                    .replace("</body>", READ_DRAWN + "</body>", 1)))
+    console, dom = open_page(chromium, page, tmp_path)
+    assert not [line for line in console if "rror" in line or "Uncaught" in line], console
+    return json.loads(html.unescape(re.search(r'<pre id="drawn">(.*?)</pre>', dom, re.S).group(1))), dom
+
+
+def texts_of(dom, element_id):
+    """The text of the element with `element_id` (tags dropped), or None."""
+    match = re.search(rf'<(\w+) id="{element_id}"[^>]*>(.*?)</\1>', dom, re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", match.group(2))) if match else None
+
+
+@pytest.fixture(scope="module")
+def edited(report, tmp_path_factory):
+    """The report's run with hand-built transitions (two of val/loss, one of val/acc together
+    with both, a small one of train/loss), two stages, and a compiled head's attention match."""
+    from phasewatch.phases.stages import Stage, write_stages
+    from phasewatch.rundir import append_jsonl, load_series
+
+    run = tmp_path_factory.mktemp("edited") / "run"
+    shutil.copytree(report.parent, run)
+    folder = RunFolder(run)
+    series = load_series(run)
+    span = {k: float(np.ptp(series[k][1])) for k in ("val/loss", "val/acc", "train/loss")}
+    events = [{"metric": "val/loss", "direction": "down", "onset": 4, "midpoint": 8, "end": 12, "magnitude": -0.5 * span["val/loss"]},
+              {"metric": "val/loss", "direction": "up", "onset": 16, "midpoint": 18, "end": 20, "magnitude": 0.3 * span["val/loss"]},
+              {"metric": "train/loss", "direction": "down", "onset": 4, "midpoint": 10, "end": 16, "magnitude": -0.02 * span["train/loss"]},
+              {"metric": "val/acc", "direction": "up", "onset": 6, "midpoint": 7, "end": 9, "magnitude": 0.4 * span["val/acc"]}]
+    folder.rewrite(folder.events, events)
+    write_stages(folder, [Stage(1, 4, 8, 12, [{"series": "val/loss"}, {"series": "val/acc"}], "val/acc", "induction"),
+                          Stage(2, 16, 18, 20, [{"series": "val/loss"}], "val/loss")])
+    for step in (8, 16, 24):
+        append_jsonl(folder.metrics, {"step": step, "tracr/attn_match/L1H0": step / 24})
+    assert main(["report", str(run)]) == 0
+    return folder.report
+
+
+def test_header_says_the_runs_state_its_config_and_links_its_files(edited, tmp_path, chromium):
+    from phasewatch.rundir import flatten_config
+
+    folder = RunFolder(edited.parent)
+    _, dom = page_drawn(chromium, edited, tmp_path)
+    last = max(r["step"] for r in folder.read_metrics())
+    config = flatten_config(folder.read_config(), fold_init_args=True)
+    assert texts_of(dom, "state").startswith(f"step {last} of {config['trainer.max_steps']}, finished; last update 20")
+    fields = texts_of(dom, "config")
+    for key in ("model.arch.n_layers", "model.arch.d_model", "model.lr", "trainer.max_steps", "seed_everything"):
+        short = key.rsplit(".", 1)[-1]
+        assert f"{short}  {config[key]}" in fields, (key, fields)
+    links = re.findall(r'<a href="([^"]+)"', re.search(r'<div id="files".*?</div>', dom, re.S).group(0))
+    assert {"config.yaml", "metrics.jsonl", "events.jsonl", "stages.jsonl", "checkpoints"} <= set(links)
+    assert all((folder.root / link).exists() for link in links)
+
+
+def test_tick_labels_are_round_numbers_or_powers_of_ten_within_the_data(edited, tmp_path, chromium):
+    drawn, _ = page_drawn(chromium, edited, tmp_path)
+    data = payload_of(edited)
+    checked = 0
+    for panel in data["panels"]:
+        texts = drawn["panels"].get(panel["title"], [])
+        ys = [tick_value(t) for t, x, _ in texts if x == 48]  # right-aligned at the value axis
+        xs = [tick_value(t) for t, _, y in texts if y == 212]  # under the step axis
+        for text, x, y in texts:
+            if x == 48 or y == 212:
+                assert TICK.fullmatch(text) and "e" not in text, (panel["title"], text)
+        pairs = [(s, v) for k in panel["keys"] if k in data["series"] for s, v in zip(*data["series"][k])
+                 if s >= 1 and (v > 0 or not panel["log_y"])]
+        if not pairs or len({v for _, v in pairs}) < 2:
+            continue
+        steps, values = [s for s, _ in pairs], [v for _, v in pairs]
+        assert len(ys) >= 2 and len(xs) >= 1, (panel["title"], texts)
+        slack = 1e-6 * (max(values) - min(values))
+        assert all(min(values) - slack <= v <= max(values) + slack for v in ys), (panel["title"], ys, min(values), max(values))
+        assert all(min(steps) <= s <= max(steps) for s in xs), (panel["title"], xs)
+        if not panel["log_y"]:  # round steps: equally spaced
+            assert len({round(b - a, 9) for a, b in zip(ys, ys[1:])}) == 1, ys
+        checked += 1
+    assert checked >= 3
+
+
+def test_band_legend_tables_and_names_follow_the_events(edited, tmp_path, chromium):
+    from phasewatch.phases.detector import lead_lag
+
+    _, dom = page_drawn(chromium, edited, tmp_path)
+    legends = {title: html.unescape(re.sub(r"<[^>]+>", " ", body)) for title, body in
+               re.findall(r'<div class="bands" data-bands="([^"]+)">(.*?)</div>', dom, re.S)}
+    squash = lambda text: re.sub(r"\s+", " ", text).strip()
+    assert squash(legends["loss"]) == ("shaded: ■ val/loss ↓down, steps 4–12 ■ train/loss ↓down, steps 4–16 "
+                                       "■ val/loss ↑up, steps 16–20")
+    assert squash(legends["accuracy"]) == "shaded: ■ val/acc ↑up, steps 6–9"
+    rows = lambda element: [re.findall(r"<td>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", element)][1:]
+    main_rows = rows(re.search(r'<table id="transitions">.*?</table>', dom, re.S).group(0))
+    assert [(r[0], r[3], r[6]) for r in main_rows] == [("val/acc", "7", "40%"), ("val/loss", "8", "50%"), ("val/loss", "18", "30%")]
+    folded = re.search(r'<details id="small-transitions">.*?</details>', dom, re.S).group(0)
+    assert "1 small transition" in folded and [(r[0], r[6]) for r in rows(folded)] == [("train/loss", "2%")]
+    events = RunFolder(edited.parent).transitions()
+    assert [r["metric"] for r in lead_lag(events, "val/loss")].count("val/acc") == 2  # the detector pairs it with both
+    leadlag = [r[1] for r in rows(re.search(r'<table id="leadlag">.*?</table>', dom, re.S).group(0))]
+    assert sorted(leadlag) == ["train/loss", "val/acc"]  # each series once
+    spans = re.findall(r"<span[^>]*>(■ [^<]*)</span>", dom)
+    assert "■ tracr/attn_match/compiled-L1H0" in spans and "■ tracr/attn_match/L1H0" not in spans
+    assert "■ train/loss (smoothed; raw points faint)" in spans and "■ val/loss" in spans
+
+
+def test_heatmaps_have_colour_bars_for_their_values(edited, tmp_path, chromium):
+    drawn, _ = page_drawn(chromium, edited, tmp_path)
+    arrays = payload_of(edited)["arrays"]
+    for name in ("composition/k", "heads/induction"):
+        values = [v for m in arrays[name]["data"] for row in m for v in row if v is not None]
+        lo, hi = min(values), max(values)
+        ticks = drawn["colorbars"][name]
+        assert len(ticks) >= 2, (name, ticks)
+        for text, rgb in ticks:
+            assert TICK.fullmatch(text), text
+            v = tick_value(text)
+            assert lo - 1e-9 <= v <= hi + 1e-9, (name, v, lo, hi)
+            assert np.allclose(rgb, heat_rgb(v, lo, hi), atol=6), (name, text, rgb)  # the bar's colour at the tick
+    assert [t for t, _ in drawn["colorbars"]["head catalogue (heads.csv)"]] == ["column min", "column max"]
+    assert set(drawn["colorbars"]) == set(arrays)  # every heatmap has one
+
+
+def test_stage_timeline_has_one_row_per_stage(edited, tmp_path, chromium):
+    drawn, _ = page_drawn(chromium, edited, tmp_path)
+    rows = [t for t in drawn["stages"] if t.startswith("stage ")]
+    assert rows == ["stage 1 induction: steps 4–12, led by val/acc", "stage 2: steps 16–20, led by val/loss"]
