@@ -171,6 +171,13 @@ class Task(abc.ABC):
         """The training batch at `step` (a pure function of seed and step). `batch_size`
         None means the task's natural size (the full training set for full-batch tasks)."""
 
+    def train_batches(self, seeds: list[int], step: int, batch_size: int | None) -> Batch | None:
+        """The training batches at `step` of this task with each data seed of `seeds` (its
+        other arguments the same), stacked along a leading dimension, extras left out: entry k
+        is `train_batch` of the task with seed `seeds[k]`. Drawn in one call for a population
+        (training/population.py); None (the default) where a task draws them one by one."""
+        return None
+
     @abc.abstractmethod
     def val_batches(self) -> list[Batch]:
         """The fixed held-out set, as one or more batches (several when lengths differ)."""

@@ -70,24 +70,37 @@ class Induction(Task):
         return self.seq_len - 1
 
     def make_batch(self, generator: torch.Generator, size: int) -> Batch:
+        return self._assemble(*self._draw(generator, size), extras=True)
+
+    def _draw(self, generator: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch's random draws: the tokens (BOS not yet in place) and the segments' lengths."""
         seq = torch.randint(0, self.vocab_size, (size, self.seq_len), generator=generator)
-        seq[:, 0] = self.bos
         lengths = torch.randint(self.min_len, self.max_len + 1, (size,), generator=generator)
+        return seq, lengths
+
+    def _assemble(self, seq: torch.Tensor, lengths: torch.Tensor, extras: bool) -> Batch:
+        """The batch of `_draw`'s draws, over any leading dimensions (a population's members)."""
+        seq[..., 0] = self.bos
         pos = torch.arange(self.seq_len)
-        second = (pos >= 1 + lengths[:, None]) & (pos < 1 + 2 * lengths[:, None])
+        L = lengths[..., None]
+        second = (pos >= 1 + L) & (pos < 1 + 2 * L)
         # copy the first segment into the second: position q in the second copy reads q - L
-        src = torch.where(second, pos - lengths[:, None], pos)
-        seq = torch.gather(seq, 1, src)
-        tokens, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+        seq = torch.gather(seq, -1, torch.where(second, pos - L, pos))
+        tokens, targets = seq[..., :-1].contiguous(), seq[..., 1:].contiguous()
+        mask = torch.ones_like(tokens, dtype=torch.bool)
+        if not extras:
+            return Batch(tokens, targets, mask)
         ipos = torch.arange(self.seq_len - 1)
-        L = lengths[:, None]
         first_copy = (ipos >= 1) & (ipos <= L - 1)
         second_copy = (ipos >= L + 1) & (ipos <= 2 * L - 1)
-        mask = torch.ones_like(tokens, dtype=torch.bool)
         return Batch(tokens, targets, mask, {"first_copy": first_copy, "second_copy": second_copy, "length": lengths})
 
     def train_batch(self, step: int, batch_size: int | None) -> Batch:
         return self.make_batch(step_generator(self.seed, step), batch_size or self.batch_size)
+
+    def train_batches(self, seeds: list[int], step: int, batch_size: int | None) -> Batch:
+        draws = [self._draw(step_generator(seed, step), batch_size or self.batch_size) for seed in seeds]
+        return self._assemble(torch.stack([d[0] for d in draws]), torch.stack([d[1] for d in draws]), extras=False)
 
     def val_batches(self) -> list[Batch]:
         return [self._val]

@@ -180,13 +180,32 @@ class PhasewatchCLI(LightningCLI):
     def _population_trainer(self, cfg: Namespace, store: RunFolder, kwargs: dict[str, Any]):
         """The trainer of `--population.seeds`: every member built by this parser from its own
         config (training/population.py), trained as one PopulationModule."""
-        from lightning.pytorch import seed_everything
-
         from phasewatch.rundir import member_name
-        from phasewatch.training.population import (MemberCallbacks, PopulationData, PopulationModule, member_config,
+        from phasewatch.training.population import (MemberCallbacks, PopulationData, PopulationModule, build_members,
                                                     parse_seeds)
 
         seeds = parse_seeds(cfg.population.seeds)
+        self._refuse_for_population(cfg, store)
+        vary = cfg.population.vary_data
+        if vary is None:
+            vary = not self.datamodule.task.full_batch
+        members = build_members(self._parser(self.subcommand), self.config_dump_dict(), seeds, vary, store.root,
+                                self._member_loggers(cfg, store))
+        self.model = PopulationModule(members.modules, shared_data=not vary)
+        self.datamodule = PopulationData(members.data, shared=not vary)
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        trainer_config["callbacks"] = [*(trainer_config.get("callbacks") or []),
+                                       MemberCallbacks(members.callbacks, members.loggers, members.roots,
+                                                       store.last_checkpoint)]
+        trainer_config.update(logger=False, enable_checkpointing=False)
+        print(f"phasewatch: population of {len(seeds)} (seeds {cfg.population.seeds}), members in "
+              f"{store.root}/{member_name(0)} ... {member_name(len(seeds) - 1)}")
+        return self.trainer_class(**trainer_config)
+
+    def _refuse_for_population(self, cfg: Namespace, store: RunFolder) -> None:
+        """ConfigError for what a population cannot do (training/population.py)."""
+        from phasewatch.rundir import member_name
+
         refuse = [("population.seeds", self.subcommand != "fit", f"{self.subcommand} takes one run, not a population",
                    f"Give it one member's config instead: --config {RunFolder(store.root / member_name(0)).config}."),
                   ("interventions", bool(self._get(self.config_init, "interventions").items),
@@ -203,41 +222,22 @@ class PhasewatchCLI(LightningCLI):
         for field, bad, problem, fix in refuse:
             if bad:
                 raise ConfigError(field, problem, fix)
-        vary = cfg.population.vary_data
-        if vary is None:
-            vary = not self.datamodule.task.full_batch
-        config, parser = self.config_dump_dict(), self._parser(self.subcommand)
-        project = cfg.get("wandb_project")
-        step = self._resume_step(cfg)
-        members, data, callbacks, loggers, roots = [], [], [], [], []
-        for k, seed in enumerate(seeds):
-            folder = RunFolder(store.root / member_name(k))
-            folder.create()
-            own = member_config(config, seed, vary, folder.root)
-            if not folder.config.exists():
-                folder.write_atomic(folder.config, yaml.safe_dump(own, sort_keys=False))
-            seed_everything(seed, workers=True, verbose=False)  # as LightningCLI seeds a run alone
-            init = parser.instantiate_classes(parser.parse_object(own))
-            members.append(self._get(init, "model"))
-            data.append(self._get(init, "data"))
-            callbacks.append([self._get(init, key) for key in ("probes", "transitions", "checkpoints", "report")])
-            label = f"{store.root.name}-{member_name(k)}"
-            loggers.append([RunFolderLogger(folder, label)])
+
+    def _member_loggers(self, cfg: Namespace, store: RunFolder):
+        """A population member's loggers, `(folder, label, own config) -> [loggers]`: its run
+        folder's, and with W&B a run of its own grouped under the population's name."""
+        project, step = cfg.get("wandb_project"), self._resume_step(cfg)
+        group = os.environ.get("WANDB_RUN_GROUP") or store.root.name  # a sweep's group, or the population
+
+        def loggers(folder: RunFolder, label: str, own: dict[str, Any]) -> list:
+            out = [RunFolderLogger(folder, label)]
             if cfg.get("wandb"):
-                group = os.environ.get("WANDB_RUN_GROUP") or store.root.name  # a sweep's group, or the population
                 wandb_logger = make_wandb_logger(folder, label, project, own, step, group=group)
                 if wandb_logger is not None:
-                    loggers[-1].append(wandb_logger)
-            roots.append(str(folder.root))
-        self.model = PopulationModule(members, shared_data=not vary)
-        self.datamodule = PopulationData(data, shared=not vary)
-        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        trainer_config["callbacks"] = [*(trainer_config.get("callbacks") or []),
-                                       MemberCallbacks(callbacks, loggers, roots, store.last_checkpoint)]
-        trainer_config.update(logger=False, enable_checkpointing=False)
-        print(f"phasewatch: population of {len(seeds)} (seeds {cfg.population.seeds}), members in "
-              f"{store.root}/{member_name(0)} ... {member_name(len(seeds) - 1)}")
-        return self.trainer_class(**trainer_config)
+                    out.append(wandb_logger)
+            return out
+
+        return loggers
 
     def config_dump_dict(self) -> dict[str, Any]:
         import yaml

@@ -1,43 +1,23 @@
 """Population training: N members of one architecture trained in one process, one step for all.
 
-`phasewatch fit --population.seeds 0-15` (or a count, `16`, or a list, `1,4,9`) trains one
-member per seed. Member k is the run that `phasewatch fit` would make alone with
-`seed_everything: k` (its initialisation) and, for a task that samples its training batches
-(`Task.full_batch` False), `data.task.seed: k` (its batches, and for RASP tasks its split);
-a full-batch task (modular addition) keeps the population's data seed, so every member sees
-the same split (`--population.vary_data true|false` overrides either choice). Each member
-is built by the same parser from its own config, so its initial weights and data are exactly
-those of the run alone.
-
-How one step trains every member: the members' parameters are stacked along a leading member
-dimension (`PopulationModule.stacked`), the forward pass and the loss run once for all of them
-(`torch.func.vmap` of `functional_call` over the model's own module), and one AdamW updates
-the stack. AdamW is elementwise, so this equals N independent optimizers
-(tests/unit/test_population.py proves it, and tests/integration/test_population.py checks
-member k against the run alone on every task family). What is not elementwise stays per
-member or is refused: the loss is each member's own mean (their sum is back-propagated, and
-member k's parameters get only member k's gradient); clipping by global norm
-(`trainer.gradient_clip_val`) is refused; per-member learning rates and weight decays are not
-supported (every member takes the population's).
-
-Every member is an ordinary run. `runs/<name>/m00`, `m01`, ... each hold config.yaml (which
-re-runs the member alone through the same vectorised step, `model.vectorised`: bit for bit on
-the CPU), metrics.jsonl, events.jsonl, arrays, checkpoints and, with W&B, a W&B run of their
-own (grouped under the population's name). The members' weights are views
-into the stack, so the probes, the transition watcher, the checkpoints and the live report of
-each member run on it as in an ordinary run (`MemberTrainer` is what they see of the trainer).
-The population's own folder (`runs/<name>`) holds its config.yaml and checkpoints/last.ckpt,
-from which `phasewatch fit --run_dir runs/<name> --ckpt_path last` resumes every member.
-
-Limits: a NaN or infinite loss in any member stops the whole population (`on_nonfinite:
-stop`, naming the members; `skip` is refused). On the CPU the losses are checked at every
-step; on an accelerator the fused AdamW skips every member's update at a step where any loss
-is not finite, and the check is read at logging steps. Interventions are refused.
+`phasewatch fit --population.seeds 0-15` (a count, a range or a list) trains one member per
+seed. Member k is the run `phasewatch fit` makes alone with `seed_everything: k` and, when
+`population.vary_data` (default: the task samples its batches), `data.task.seed: k`; its
+config.yaml (`member_config`) re-runs it alone, bit for bit on the CPU (`model.vectorised`).
+The members' parameters are stacked (`PopulationModule.stacked`); one vmapped forward and
+backward pass and one AdamW update them all, equal to N independent optimizers. Each member
+keeps an ordinary run folder (`runs/<name>/m00`, ...) written by its own callbacks and
+loggers (`MemberCallbacks`, through a `MemberTrainer`); the population's folder holds its
+config and checkpoints/last.ckpt (every member's state, written at `checkpoints.last_every`
+and at the end), from which `--run_dir runs/<name> --ckpt_path last` resumes every member.
+Refused: clipping by global norm, interventions, `on_nonfinite: skip`; a non-finite loss in
+any member stops the population. How and why: docs/populations.md.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -45,6 +25,7 @@ from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
+import yaml
 from torch.utils.data import DataLoader, IterableDataset
 
 from phasewatch.models import native_module
@@ -103,6 +84,74 @@ def member_config(config: dict[str, Any], seed: int, vary_data: bool, run_dir: P
     out.setdefault("model", {})["vectorised"] = "own" if vary_data else "shared"
     out.pop("population", None)
     out.pop("ckpt_path", None)
+    return out
+
+
+@dataclasses.dataclass
+class Members:
+    """What `build_members` makes of a population's config: per member, its TrainModule, its
+    data, its callbacks (probes, transitions, checkpoints, report), loggers and run folder."""
+
+    modules: list[TrainModule] = dataclasses.field(default_factory=list)
+    data: list[TaskDataModule] = dataclasses.field(default_factory=list)
+    callbacks: list[list[pl.Callback]] = dataclasses.field(default_factory=list)
+    loggers: list[list] = dataclasses.field(default_factory=list)
+    roots: list[str] = dataclasses.field(default_factory=list)
+
+
+#: the fields in which members' configs differ (`member_config`), as paths in a parsed config
+MEMBER_FIELDS = ("seed_everything", "data.task.init_args.seed", "run_dir", "checkpoints.dirpath")
+
+
+def member_namespaces(parser, configs: list[dict[str, Any]]) -> list[Any]:
+    """Each member's config parsed: the first by `parser`, the others as copies of it with their
+    own `MEMBER_FIELDS` (the only fields in which members' configs differ), which is what
+    parsing each gives (tested) at one parse for the population instead of one per member."""
+    first = parser.parse_object(configs[0])
+    out = [first]
+    for config in configs[1:]:
+        ns = first.clone()
+        for path in MEMBER_FIELDS:
+            value = _lookup(config, path)
+            if value is not _MISSING:
+                ns[path] = value
+        out.append(ns)
+    return out
+
+
+_MISSING = object()
+
+
+def _lookup(config: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(config, dict) or part not in config:
+            return _MISSING
+        config = config[part]
+    return config
+
+
+def build_members(parser, config: dict[str, Any], seeds: list[int], vary_data: bool, root: Path,
+                  make_loggers) -> Members:
+    """Every member of a population of `seeds`, built by `parser` (fit's) from its own config
+    (`member_config`, written to its folder's config.yaml) after `seed_everything(seed)`, as
+    LightningCLI builds a run alone. `make_loggers(folder, label, own_config)` gives a
+    member's loggers."""
+    from lightning.pytorch import seed_everything
+
+    folders = [RunFolder(root / member_name(k)) for k in range(len(seeds))]
+    configs = [member_config(config, seed, vary_data, folder.root) for seed, folder in zip(seeds, folders)]
+    out = Members()
+    for seed, folder, own, ns in zip(seeds, folders, configs, member_namespaces(parser, configs)):
+        folder.create()
+        if not folder.config.exists():
+            folder.write_atomic(folder.config, yaml.safe_dump(own, sort_keys=False))
+        seed_everything(seed, workers=True, verbose=False)  # as LightningCLI seeds a run alone
+        init = parser.instantiate_classes(ns)
+        out.modules.append(init.get("model"))
+        out.data.append(init.get("data"))
+        out.callbacks.append([init.get(key) for key in ("probes", "transitions", "checkpoints", "report")])
+        out.loggers.append(make_loggers(folder, f"{root.name}-{folder.root.name}", own))
+        out.roots.append(str(folder.root))
     return out
 
 
@@ -298,9 +347,13 @@ class MemberTrainer:
     def __init__(self, trainer: pl.Trainer, population: PopulationModule, index: int, loggers: list,
                  callbacks: list, root: str):
         self.__dict__.update(_trainer=trainer, _population=population, _index=index, loggers=loggers,
-                             callbacks=callbacks, default_root_dir=root, saved=False, member=member_name(index))
+                             callbacks=callbacks, default_root_dir=root, saved=False, member=member_name(index),
+                             frozen=None)
 
     def __getattr__(self, name: str) -> Any:
+        frozen = self.__dict__.get("frozen")
+        if frozen is not None and name in frozen:
+            return frozen[name]
         return getattr(self.__dict__["_trainer"], name)
 
     @property
@@ -327,14 +380,30 @@ class MemberTrainer:
 #: the callback hooks a member's callbacks are given (the ones phasewatch's callbacks use)
 MEMBER_HOOKS = ("on_train_start", "on_train_batch_start", "on_train_batch_end", "on_validation_end", "on_train_end")
 
+#: the trainer's values that stay the same while one hook runs for every member: read once
+#: per hook for the population (Lightning computes some of them, e.g. `enable_validation`)
+#: instead of once per member and callback
+FROZEN = ("global_step", "current_epoch", "max_steps", "val_check_batch", "enable_validation", "sanity_checking",
+          "received_sigterm", "is_global_zero", "log_every_n_steps")
+
+
+def overrides(callback: pl.Callback, hook: str) -> bool:
+    """Whether `callback` does anything at `hook` (its class overrides Lightning's no-op)."""
+    return getattr(type(callback), hook) is not getattr(pl.Callback, hook)
+
 
 class MemberCallbacks(pl.Callback):
     """Runs every member's own callbacks (probes, transition watcher, checkpoints, live report)
-    against its `MemberTrainer`, and keeps the population's last.ckpt next to the members'."""
+    against its `MemberTrainer`, and writes the population's last.ckpt on its own schedule.
+
+    Decided once per hook for the population: which of the members' callbacks act at that
+    hook at all (those that override it), and the trainer's `FROZEN` values."""
 
     def __init__(self, callbacks: list[list[pl.Callback]], loggers: list[list], roots: list[str], last: Path):
         self.callbacks, self.loggers, self.roots, self.last = callbacks, loggers, roots, last
         self.views: list[MemberTrainer] = []
+        self.hooked: dict[str, list[tuple[MemberTrainer, TrainModule, list[pl.Callback]]]] = {}
+        self.last_every: int | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: PopulationModule, stage: str) -> None:
         self.views = [MemberTrainer(trainer, pl_module, k, self.loggers[k], self.callbacks[k], self.roots[k])
@@ -345,17 +414,36 @@ class MemberCallbacks(pl.Callback):
                 logger.log_hyperparams(dict(member.hparams))
             for cb in view.callbacks:
                 cb.setup(view, member, stage)
+        self.hooked = {hook: [(view, member, [cb for cb in view.callbacks if overrides(cb, hook)])
+                              for view, member in zip(self.views, pl_module.members)] for hook in MEMBER_HOOKS}
+        every = {cb.last_every for cbs in self.callbacks for cb in cbs if hasattr(cb, "last_every")}
+        self.last_every = min(every) if every else None
 
     def _each(self, hook: str, trainer: pl.Trainer, pl_module: PopulationModule, *args: Any) -> None:
-        for view, member in zip(self.views, pl_module.members):
-            view.saved = False
-            for cb in view.callbacks:
-                getattr(cb, hook)(view, member, *args)
-        if any(view.saved for view in self.views):  # the population's own checkpoint, after every member's
+        frozen = {name: getattr(trainer, name) for name in FROZEN}
+        saved = False
+        for view, member, callbacks in self.hooked[hook]:
+            if not callbacks:
+                continue
+            view.saved, view.frozen = False, frozen
+            try:
+                for cb in callbacks:
+                    getattr(cb, hook)(view, member, *args)
+            finally:
+                view.frozen = None
+            saved |= view.saved
+        if saved and self._last_due(hook, frozen):  # the population's own checkpoint, after every member's
             tmp = self.last.with_name(self.last.name + ".tmp")
             self.last.parent.mkdir(parents=True, exist_ok=True)
             trainer.save_checkpoint(tmp, weights_only=False)
             os.replace(tmp, self.last)
+
+    def _last_due(self, hook: str, frozen: dict[str, Any]) -> bool:
+        """Whether the population's last.ckpt is written now that members saved: at the end, on
+        SIGTERM and every `checkpoints.last_every` steps (the members' step checkpoints in
+        between do not rewrite every member's state)."""
+        return (hook == "on_train_end" or bool(frozen["received_sigterm"]) or self.last_every is None
+                or frozen["global_step"] % self.last_every == 0)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._each("on_train_start", trainer, pl_module)
@@ -396,14 +484,24 @@ class MemberCallbacks(pl.Callback):
 
 
 class _Lockstep(IterableDataset):
-    """The members' training batches, step by step, stacked along a leading member dimension."""
+    """The members' training batches, step by step, stacked along a leading member dimension:
+    drawn in one call where the task can (`Task.train_batches`), else member by member."""
 
-    def __init__(self, streams: list[IterableDataset]):
-        self.streams = streams
+    def __init__(self, members: list[TaskDataModule], start: int):
+        self.members, self.start = members, start
 
     def __iter__(self) -> Iterator[Batch | list[Batch]]:
-        for batches in zip(*self.streams):
-            yield member_batches(batches)
+        first, step = self.members[0], self.start
+        seeds = [getattr(m.task, "seed", None) for m in self.members]
+        batch = None if None in seeds else first.task.train_batches(seeds, step, first.batch_size)
+        if batch is None:
+            for batches in zip(*(m.train_dataloader().dataset for m in self.members)):
+                yield member_batches(batches)
+            return
+        while True:
+            yield batch
+            step += 1
+            batch = first.task.train_batches(seeds, step, first.batch_size)
 
 
 def member_batches(batches) -> Batch | list[Batch]:
@@ -431,8 +529,8 @@ class PopulationData(pl.LightningDataModule):
             member.trainer = self.trainer
         if self.shared:
             return self.members[0].train_dataloader()
-        streams = [m.train_dataloader().dataset for m in self.members]
-        return DataLoader(_Lockstep(streams), batch_size=None, collate_fn=_identity)
+        start = self.trainer.global_step if self.trainer is not None else 0
+        return DataLoader(_Lockstep(self.members, start), batch_size=None, collate_fn=_identity)
 
     def val_dataloader(self) -> DataLoader:
         if self.shared:
