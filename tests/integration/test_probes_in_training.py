@@ -85,12 +85,12 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
                  "--trainer.max_steps", "300", "--trainer.val_check_interval", "10",
                  "--model.weight_decay", "0.1", "--model.arch.d_model", "32", "--model.arch.d_mlp", "64",
                  "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
-                 "--transitions.every_n_validations", "3", "--probes.budget", "null"]) == 0
+                 "--transitions.every_n_validations", "3", "--probes.budget", "null", "--transitions.verbose", "true"]) == 0
     everything = list(read_jsonl(run / "events.jsonl"))
-    fields = {"onset": {"metric", "direction", "onset", "detected_at", "stage", "snr", "confidence"},
-              "withdrawn": {"metric", "direction", "onset", "detected_at", "stage", "reason"},
+    fields = {"onset": {"metric", "direction", "onset", "detected_at", "stage", "snr", "confidence", "scale"},
+              "withdrawn": {"metric", "direction", "onset", "detected_at", "stage", "reason", "scale"},
               "confirmed": {"metric", "direction", "onset", "midpoint", "end", "magnitude", "detected_at",
-                            "kind", "steepest", "snr", "confidence", "stage"}}
+                            "kind", "steepest", "snr", "confidence", "stage", "scale"}}
     assert all(set(e) == fields[e["stage"]] for e in everything), [
         (e["stage"], set(e) ^ fields[e["stage"]]) for e in everything if set(e) != fields[e["stage"]]]
     events = [e for e in everything if e["stage"] == "confirmed"]
@@ -117,7 +117,10 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
     assert extra <= probed  # the scheduled probes ran there too
     acc = [e for e in events if e["metric"] == "train/acc"]
     assert acc and acc[0]["direction"] == "up"  # memorisation of the training pairs
-    out = capsys.readouterr().out
+    # losses watched in log10 of their values, accuracies as they are (phases/scale.py)
+    assert all(e["scale"] == "log" for e in everything if e["metric"].endswith("/loss"))
+    assert all(e["scale"] == "linear" for e in everything if e["metric"].endswith("/acc"))
+    out = capsys.readouterr().out  # --transitions.verbose true: every event has its line
     assert f"transition in train/acc (up) from step {acc[0]['onset']}" in out
     for e in everything:  # a change still under way when training ended is not said to be no transition
         if e["stage"] == "withdrawn" and e["reason"] == "training ended":
