@@ -143,20 +143,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
         load_weights(module, first)
         first_results = measure(module.model, module.task, probes, options, initial)
         keys = {k for r in first_results.values() for k in r}
-        existing = same_families({k for record in store.read_metrics() for k in record}, keys)
-        # array values are kept per step: old ones at steps this analysis does not measure
-        # would mix with the new ones
-        old_arrays = [(p, k) for p, r in first_results.items() for k, v in r.items()
-                      if not is_number(v) and store.array_files(p, k)]
-        found = sorted(existing) + [str(store.array_folder(p, k).relative_to(store.root)) for p, k in old_arrays]
-        if found and not replace:
-            raise ConfigError("probes", f"{store.root} already has {found[:5]}"
-                                        f"{f' and {len(found) - 5} more' if len(found) > 5 else ''}",
-                              "Pass --replace to measure them again (their old values are dropped).")
-        if existing:
-            _drop_keys(store, existing)
-        for probe, key in old_arrays:
-            store.drop_arrays(probe, key)
+        _clear_earlier_values(store, first_results, keys, replace)
         wandb_logger = make_analysis_logger(store, run_config if wandb else {"wandb": False}, names, options)
         ok = False
         try:
@@ -167,11 +154,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                 else:
                     load_weights(module, path)
                     results = measure(module.model, module.task, probes, options, initial)
-                scalars = record_results(results, store, step)
-                if scalars:
-                    store.append(store.metrics, {"step": step, **scalars})
-                    if wandb_logger:
-                        wandb_logger.log_metrics(scalars, step=step)
+                _record_step(store, results, step, wandb_logger)
             events = record_transitions(store, keys)
             if wandb_logger:
                 for event in events:
@@ -189,6 +172,33 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     finally:
         store.release_lock()
     return list(steps)
+
+
+def _clear_earlier_values(store: RunFolder, first_results: dict[str, dict], keys: set[str], replace: bool) -> None:
+    """ConfigError when the run already has values of these probes' keys (or arrays) and
+    `replace` is off; with `replace`, drop them. Array values are kept per step: old ones at
+    steps this analysis does not measure would mix with the new ones."""
+    existing = same_families({k for record in store.read_metrics() for k in record}, keys)
+    old_arrays = [(p, k) for p, r in first_results.items() for k, v in r.items()
+                  if not is_number(v) and store.array_files(p, k)]
+    found = sorted(existing) + [str(store.array_folder(p, k).relative_to(store.root)) for p, k in old_arrays]
+    if found and not replace:
+        raise ConfigError("probes", f"{store.root} already has {found[:5]}"
+                                    f"{f' and {len(found) - 5} more' if len(found) > 5 else ''}",
+                          "Pass --replace to measure them again (their old values are dropped).")
+    if existing:
+        _drop_keys(store, existing)
+    for probe, key in old_arrays:
+        store.drop_arrays(probe, key)
+
+
+def _record_step(store: RunFolder, results: dict[str, dict], step: int, wandb_logger) -> None:
+    """One checkpoint's values into the run folder's metrics and arrays, and to W&B."""
+    scalars = record_results(results, store, step)
+    if scalars:
+        store.append(store.metrics, {"step": step, **scalars})
+        if wandb_logger:
+            wandb_logger.log_metrics(scalars, step=step)
 
 
 def record_transitions(store: RunFolder, keys: set[str]) -> list[dict]:
