@@ -1,10 +1,13 @@
-"""Live phase-transition detection in two stages: a thin callback around `probes.transitions`.
+"""Live phase-transition detection in two stages: a callback around `phases.detector`.
 
 Every `every_n_validations` validations it takes the series logged so far (kept in memory
 by the run folder's logger) and runs the detector on the watched ones (all but the detail
-keys the probes declare), asking also for changes still under way (`in_progress=True`).
-Each event gets a `stage` and `detected_at` (the step at which it was found), a console line,
-and goes to every logger that records events (the run folder's events, W&B):
+keys the probes declare), each on its scale (`phases.scale.watch_scale`: losses in log10),
+asking also for changes still under way (`in_progress=True`). Each event (`phases.events.Event`)
+gets a `stage` and `detected_at` (the step at which it was found) and goes to every logger
+that records events (the run folder's events, W&B); the console gets the confirmed
+transitions of headline keys that are not trivially small (every event with `verbose`),
+clear of the progress bar (`callbacks.console.say`):
 
 - `onset`: a transition in progress, said as soon as either
   - the series' newest points leave its recent trend by `departure_z` (5) standard errors
@@ -19,8 +22,7 @@ and goes to every logger that records events (the run folder's events, W&B):
   that began after a confirmed transition's end does so only for an onset that began after it
   too (`_apart`: on induction_2l, the induction bump in `val/acc` is then said at its start, not
   taken for the slow rise before it).
-- `confirmed`: the transition with onset, midpoint, end and magnitude (the event format of
-  DESIGN.md plus `stage`), once it has been seen in two looks (the first gives its onset
+- `confirmed`: the transition with onset, midpoint, end and magnitude (`Event`), once it has been seen in two looks (the first gives its onset
   event, unless it had long ended when first found), the run has reached `settle` x its end
   step and the series has `points_after` more values after its end, without a departure in
   its direction from one of them on (`_moving_on`); at the end of training, every transition
