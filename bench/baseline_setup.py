@@ -8,10 +8,40 @@ from phasewatch.training.lightning_cli import instantiate_config
 from phasewatch.training.module import TrainModule
 
 
-def build_from_config(path: str) -> tuple[dict, TrainModule]:
-    """The parsed YAML and a TrainModule (task and model) built from it by fit's own parser."""
+#: the CPU proxy of a GPU (issue 45): the config's model shrunk until its arithmetic costs
+#: almost nothing (d_model 8, one head, batch 2, a small held-out set), so that what is timed
+#: is the host's work per step; on one thread (a shared machine's busy cores make threads wait)
+PROXY = {"model": {"arch": {"d_model": 8, "n_heads": 1, "d_head": 8, "d_mlp": 16}},
+         "data": {"task": {"init_args": {"batch_size": 2, "n_val": 8}}}}
+
+
+def proxy_flags(path: str) -> list[str]:
+    """`PROXY` as command-line flags for `path`'s config (only the fields its task and model have)."""
     with open(path) as f:
         cfg = yaml.safe_load(f)
+    flags = []
+    arch = (cfg.get("model") or {}).get("arch") or {}
+    for key, value in PROXY["model"]["arch"].items():
+        if key != "d_mlp" or not arch.get("attn_only"):
+            flags += [f"--model.arch.{key}", str(value)]
+    init = ((cfg.get("data") or {}).get("task") or {}).get("init_args") or {}
+    for key, value in PROXY["data"]["task"]["init_args"].items():
+        if key in init:
+            flags += [f"--data.task.init_args.{key}", str(value)]
+    return flags
+
+
+def build_from_config(path: str, flags: list[str] = ()) -> tuple[dict, TrainModule]:
+    """The parsed YAML and a TrainModule (task and model) built from it by fit's own parser
+    (with `flags`: command-line overrides such as `proxy_flags`)."""
+    with open(path) as f:
+        cfg = yaml.safe_load(f)
+    for flag, value in zip(flags[::2], flags[1::2]):
+        *parents, key = flag[2:].split(".")
+        node = cfg
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[key] = yaml.safe_load(value)
     return cfg, instantiate_config(cfg, path).model
 
 

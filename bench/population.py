@@ -19,6 +19,7 @@ Two measurements, each against its baseline in the same run:
   and the two estimates.
 
     python bench/population.py --part train [--config ...] [--members 1 4 16] [--steps 100] [--markdown]
+    python bench/population.py --part train --proxy --baseline_tree ../base ...   # host work, before and after
     python bench/population.py --part llc [--config ...] [--chains 2 4 8] [--draws 100] [--markdown]
     python bench/population.py --device cuda --members 1 16 64 ...   # the GPU variant
 """
@@ -54,57 +55,122 @@ def time_llc(model, task, side_by_side: bool, repeats: int, **settings) -> tuple
 
 
 def time_fit(config: str, steps: int, device: str, seeds: str | None, seed: int | None = None,
-             data_seed: bool = False) -> float:
-    """Seconds of one `phasewatch fit` of `config`: a population when `seeds` is given, else the
-    run alone of member `seed` (its `seed_everything`, and with `data_seed` its data seed too:
-    training/population.py's `member_config`); the config's own seeds when `seed` is None."""
+             data_seed: bool = False, flags: list[str] = ()) -> dict:
+    """One `phasewatch fit` of `config` (with `flags`): a population when `seeds` is given, else
+    the run alone of member `seed` (its `seed_everything`, and with `data_seed` its data seed
+    too: training/population.py's `member_config`); the config's own seeds when `seed` is None.
+    Its seconds: `wall` (the whole command: set-up, training, the reports after it) and `loop`
+    (the training loop, from on_train_start to on_train_end: the host's work per step on the
+    proxy), and the process's CPU time of each (`cpu`, `loop_cpu`: on one thread, the host's
+    work whatever else the machine runs)."""
     import tempfile
 
-    from phasewatch.cli.main import main as phasewatch
+    import lightning.pytorch as pl
+    from baseline_setup import fit_with_callback
+
+    clock: dict = {}
+
+    class Clock(pl.Callback):
+        def on_train_start(self, trainer, *args):
+            _sync(device)
+            clock["start"], clock["cpu"] = time.perf_counter(), time.process_time()
+
+        def on_train_end(self, trainer, *args):
+            _sync(device)
+            clock["loop"], clock["loop_cpu"] = time.perf_counter() - clock["start"], time.process_time() - clock["cpu"]
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = ["fit", "--config", config, "--run_dir", f"{tmp}/run", "--trainer.max_steps", str(steps),
+        args = ["--config", config, "--run_dir", f"{tmp}/run", "--trainer.max_steps", str(steps),
                 "--trainer.accelerator", device, "--no_wandb", "--probes.names", "[]",
                 "--report.every_n_validations", "0", "--trainer.enable_progress_bar", "false",
-                "--checkpoints.schedule", '{"kind": "list", "steps": [0]}', "--checkpoints.last_every", str(steps)]
+                "--checkpoints.schedule", '{"kind": "list", "steps": [0]}', "--checkpoints.last_every", str(steps),
+                *flags]
         if seeds is not None:
             args += ["--population.seeds", seeds]
         if seed is not None:
             args += ["--seed_everything", str(seed)] + (["--data.task.init_args.seed", str(seed)] if data_seed else [])
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        if phasewatch(args) != 0:
+        t0, cpu = time.perf_counter(), time.process_time()
+        if fit_with_callback(args, Clock()) != 0:
             raise SystemExit(f"phasewatch fit failed: {' '.join(args)}")
-        return time.perf_counter() - t0
+        return {"wall": time.perf_counter() - t0, "cpu": time.process_time() - cpu, "loop": clock["loop"],
+                "loop_cpu": clock["loop_cpu"]}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median(runs: list[dict]) -> dict:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
 def bench_training(a) -> list[dict]:
+    """Rows of `--part train` for this process's phasewatch."""
+    from baseline_setup import proxy_flags
+
     rows = []
-    time_fit(a.config[0], 2, a.device, None)  # warm-up: the first fit in a process imports and compiles
-    time_fit(a.config[0], 2, a.device, "0-1")
+    flags0 = proxy_flags(a.config[0]) if a.proxy else []
+    time_fit(a.config[0], 2, a.device, None, flags=flags0)  # warm-up: the first fit in a process imports and compiles
+    time_fit(a.config[0], 2, a.device, "0-1", flags=flags0)
     for config in a.config:
-        varies = not build_from_config(config)[1].task.full_batch  # as --population.vary_data's default
-        solo = statistics.median(time_fit(config, a.steps, a.device, None, seed=k, data_seed=varies)
-                                 for k in range(a.solo))
+        flags = proxy_flags(config) if a.proxy else []
+        varies = not build_from_config(config, flags)[1].task.full_batch  # as --population.vary_data's default
+        solo = _median([time_fit(config, a.steps, a.device, None, seed=k, data_seed=varies, flags=flags)
+                        for k in range(a.solo)])
         for n in a.members:
-            together = time_fit(config, a.steps, a.device, f"0-{n - 1}")
+            together = time_fit(config, a.steps, a.device, f"0-{n - 1}", flags=flags)
             memory = torch.cuda.max_memory_allocated() / n / 2**20 if a.device == "cuda" else None
-            row = dict(config=config, members=n, solo=solo, together=together, ratio=n * solo / together,
-                       rate_apart=a.steps / solo, rate_together=n * a.steps / together, memory=memory)
+            row = dict(config=config, members=n, path=a.label, solo=solo["wall"], together=together["wall"],
+                       ratio=n * solo["wall"] / together["wall"], loop_ratio=n * solo["loop"] / together["loop"],
+                       cpu_ratio=n * solo["cpu"] / together["cpu"],
+                       loop_cpu_ratio=n * solo["loop_cpu"] / together["loop_cpu"],
+                       ms_alone=1e3 * solo["loop"] / a.steps, ms_together=1e3 * together["loop"] / (n * a.steps),
+                       cpu_ms_alone=1e3 * solo["loop_cpu"] / a.steps,
+                       cpu_ms_together=1e3 * together["loop_cpu"] / (n * a.steps),
+                       rate_apart=a.steps / solo["wall"], rate_together=n * a.steps / together["wall"], memory=memory)
             rows.append(row)
-            print(f"{config}: {n} members x {a.steps} steps: one after the other {n * solo:.1f} s "
-                  f"({row['rate_apart']:.1f} member-steps/s), together {together:.1f} s "
-                  f"({row['rate_together']:.1f} member-steps/s): {row['ratio']:.2f}x", file=sys.stderr)
-    if a.markdown:
-        print("| config | members | one after the other | together | speed-up | memory per member |")
-        print("| --- | --- | --- | --- | --- | --- |")
-        for r in rows:
-            memory = f"{r['memory']:.0f} MiB" if r["memory"] is not None else "-"
-            print(f"| {r['config']} | {r['members']} | {r['members'] * r['solo']:.1f} s "
-                  f"({r['rate_apart']:.1f}/s) | {r['together']:.1f} s ({r['rate_together']:.1f}/s) | "
-                  f"{r['ratio']:.2f}x | {memory} |")
+            print(f"[{a.label}] {config}: {n} members x {a.steps} steps: one after the other {n * solo['wall']:.1f} s "
+                  f"({row['rate_apart']:.1f} member-steps/s), together {together['wall']:.1f} s "
+                  f"({row['rate_together']:.1f} member-steps/s): {row['ratio']:.2f}x; training loop "
+                  f"{row['loop_ratio']:.2f}x, {row['ms_together']:.2f} ms a member-step together, "
+                  f"{row['ms_alone']:.2f} alone; CPU time {row['cpu_ratio']:.2f}x, in the loop "
+                  f"{row['loop_cpu_ratio']:.2f}x, {row['cpu_ms_together']:.2f} ms a member-step together, "
+                  f"{row['cpu_ms_alone']:.2f} alone", file=sys.stderr)
     return rows
+
+
+def baseline_rows(a) -> list[dict]:
+    """The same measurement with the phasewatch package of `--baseline_tree` (the code before
+    a change, e.g. `git worktree add ../base <commit>`), in a child process."""
+    import json
+    import os
+    import subprocess
+
+    argv = [sys.executable, __file__, "--json", "--label", "before", "--steps", str(a.steps), "--solo", str(a.solo),
+            "--device", a.device, "--config", *a.config, "--members", *map(str, a.members),
+            *(["--proxy"] if a.proxy else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(a.baseline_tree).resolve()),
+                                                       os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(argv, env=env, stdout=subprocess.PIPE, check=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def print_training(rows: list[dict], cpu: bool) -> None:
+    """The table; with `cpu`, of the process's CPU time (the proxy on a shared machine)."""
+    what = "CPU time" if cpu else "wall time"
+    print(f"| config | members | code | one after the other | together | speed-up ({what}) | speed-up, training "
+          f"loop | ms per member-step together (alone), training loop | memory per member |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        memory = f"{r['memory']:.0f} MiB" if r["memory"] is not None else "-"
+        ratio, loop = (r["cpu_ratio"], r["loop_cpu_ratio"]) if cpu else (r["ratio"], r["loop_ratio"])
+        ms = (r["cpu_ms_together"], r["cpu_ms_alone"]) if cpu else (r["ms_together"], r["ms_alone"])
+        print(f"| {r['config']} | {r['members']} | {r['path']} | {r['members'] * r['solo']:.1f} s "
+              f"({r['rate_apart']:.1f}/s) | {r['together']:.1f} s ({r['rate_together']:.1f}/s) | "
+              f"{ratio:.2f}x | {loop:.2f}x | {ms[0]:.2f} ({ms[1]:.2f}) | {memory} |")
 
 
 def main() -> int:
@@ -121,9 +187,24 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--proxy", action="store_true",
+                    help="the CPU proxy: the model shrunk (baseline_setup.PROXY) on one thread, so host work is timed")
+    ap.add_argument("--baseline_tree", default=None,
+                    help="a folder holding the phasewatch package before a change: measured too, in a child process")
+    ap.add_argument("--label", default="after", help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.proxy:
+        torch.set_num_threads(1)
     if a.part == "train":
-        bench_training(a)
+        rows = baseline_rows(a) if a.baseline_tree else []
+        rows += bench_training(a)
+        if a.json:
+            import json
+
+            print(json.dumps(rows))
+        if a.markdown:
+            print_training(sorted(rows, key=lambda r: (r["config"], r["members"], r["path"] != "before")), a.proxy)
         return 0
     rows = []
     for config in a.config:

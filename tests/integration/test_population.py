@@ -70,13 +70,14 @@ def test_a_member_is_the_run_alone_with_its_seed(tmp_path, task):
 
 
 def test_a_crashed_population_resumes_every_member_exactly(tmp_path, monkeypatch):
-    """The population crashes at step 9, after last.ckpt at step 5 (checkpoints at 0 and 14
-    otherwise): resumed from its own last.ckpt, every member's folder is rolled back to step
+    """The population crashes at step 9, after last.ckpt at step 5 (the members' own step
+    checkpoints at 0, 7 and 14 do not rewrite it: the population's last.ckpt keeps its own
+    schedule): resumed from its own last.ckpt, every member's folder is rolled back to step
     5 and then equals the uninterrupted population's, line for line."""
     from phasewatch.training import population
 
     args = [*TASKS["induction"], *ARGS, "--trainer.max_steps", "14", "--checkpoints.last_every", "5",
-            "--checkpoints.schedule", '{"kind": "list", "steps": [0, 14]}',
+            "--checkpoints.schedule", '{"kind": "list", "steps": [0, 7, 14]}',
             "--population.seeds", "0-1"]
     assert main(["fit", *args, "--run_dir", str(tmp_path / "whole")]) == 0
 
@@ -93,7 +94,8 @@ def test_a_crashed_population_resumes_every_member_exactly(tmp_path, monkeypatch
     monkeypatch.setattr(population.PopulationModule, "training_step", step)
     crashed = tmp_path / "crashed"
     last = torch.load(crashed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-    assert last < 9 and max(r["step"] for r in read_jsonl(crashed / "m01" / "metrics.jsonl")) > last
+    assert last == 5 and max(r["step"] for r in read_jsonl(crashed / "m01" / "metrics.jsonl")) > last
+    assert (crashed / "m01" / "checkpoints" / "step=0000007.ckpt").exists()
     assert main(["fit", "--run_dir", str(crashed), "--ckpt_path", "last"]) == 0
     for member in ("m00", "m01"):
         _same_run(crashed / member, tmp_path / "whole" / member)
@@ -231,3 +233,46 @@ def test_a_member_replays_from_its_own_folder_through_grokking(tmp_path):
     memorisation and the fall of the restricted loss (steps 275-450), with its events."""
     values = _replayed(tmp_path, "0-2", "m01", 450)
     assert values[(450, "grok/restricted_loss")] < 0.5 * values[(250, "grok/restricted_loss")]
+
+
+def test_the_members_batches_drawn_in_one_call_are_each_members_own():
+    """Induction draws a population's batches in one call (`Task.train_batches`): member k's
+    is the batch its task alone draws with data seed k, at every step (a resumed run's too)."""
+    from phasewatch.tasks import Induction
+
+    tasks = [Induction(vocab_size=10, seq_len=13, min_len=2, max_len=5, batch_size=4, seed=s) for s in (0, 3, 7)]
+    for step in (0, 1, 17):
+        together = tasks[0].train_batches([t.seed for t in tasks], step, None)
+        for k, task in enumerate(tasks):
+            alone = task.train_batch(step, None)
+            for field in ("tokens", "targets", "loss_mask"):
+                assert torch.equal(getattr(together, field)[k], getattr(alone, field)), (step, k, field)
+    assert not torch.equal(together.tokens[0], together.tokens[1])  # the members' own draws
+
+
+def test_one_parse_gives_every_member_the_namespace_its_own_config_parses_to(tmp_path):
+    """`build_members` parses the population's config once and copies it per member with its
+    own seeds and folder: each copy equals the parse of that member's own config."""
+    from pathlib import Path
+
+    from phasewatch.training import lightning_cli, population
+
+    seen = {}
+
+    def grab(self, cfg, store, kwargs):
+        seen["parser"], seen["config"] = self._parser(self.subcommand), self.config_dump_dict()
+        raise SystemExit(0)
+
+    lightning_cli.PhasewatchCLI._population_trainer, original = grab, lightning_cli.PhasewatchCLI._population_trainer
+    try:
+        with pytest.raises(SystemExit):
+            main(["fit", *TASKS["induction"], *ARGS, "--trainer.max_steps", "4", "--run_dir", str(tmp_path / "p"),
+                  "--population.seeds", "3"])
+    finally:
+        lightning_cli.PhasewatchCLI._population_trainer = original
+    for vary in (True, False):
+        configs = [population.member_config(seen["config"], k, vary, Path(tmp_path / f"m{k}")) for k in (4, 9)]
+        copies = population.member_namespaces(seen["parser"], configs)
+        for config, copy in zip(configs, copies):
+            assert copy == seen["parser"].parse_object(config)
+        assert copies[1].seed_everything == 9 and copies[1].data.task.init_args.seed == (9 if vary else 0)
