@@ -42,11 +42,13 @@ part() {  # part NAME SECONDS COMMAND...: run one part under its limit, log to $
 if [ "$QUICK" = quick ]; then
     STEPS=20; MEMBERS="1 4"; GROK=200; CHAINS="2"; DRAWS=20
 else
-    STEPS=300; MEMBERS=${MEMBERS:-"1 16 64"}; GROK=${GROK_STEPS:-12000}; CHAINS="2 8"; DRAWS=100
+    STEPS=${POP_STEPS:-300}; MEMBERS=${MEMBERS:-"1 16 64"}; GROK=${GROK_STEPS:-12000}; CHAINS="2 8"; DRAWS=100
 fi
 # what runs (PARTS), and settings a second sitting may change: GROK_PARTS and GROK_STATE (a
-# state file of earlier grokking parts, carried along), GROK_STEPS, POP_CONFIGS, MEMBERS (not in
-# quick mode), and each part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S).
+# state file of earlier grokking parts, carried along), GROK_STEPS, POP_CONFIGS, MEMBERS and
+# POP_STEPS (not in quick mode), POP_BASELINE (a folder holding the phasewatch package before a
+# change: population.py's --baseline_tree, timed beside this tree's in the same part), and each
+# part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S).
 # The parts' limits add up to 560 s: with the install, one lent machine's 10-minute command
 # holds all four only just; give a second sitting the parts the first did not finish.
 PARTS=${PARTS:-"test_gpu grokking population llc"}
@@ -63,7 +65,7 @@ for p in $PARTS; do
     grokking) part grokking "${GROK_S:-200}" python3 bench/gpu_grokking.py --device "$DEVICE" --steps "$GROK" --out "$OUT/RESULTS.md" \
         --state "$OUT/grok_state.json" --parts "${GROK_PARTS:-loop,fit,bare}" ;;
     population) part population "${POP_S:-150}" python3 bench/population.py --part train --markdown --device "$DEVICE" \
-        --config $POP_CONFIGS --members $MEMBERS --steps "$STEPS" ;;
+        --config $POP_CONFIGS --members $MEMBERS --steps "$STEPS" ${POP_BASELINE:+--baseline_tree "$POP_BASELINE"} ;;
     llc) part llc "${LLC_S:-60}" python3 bench/population.py --part llc --markdown --device "$DEVICE" --config configs/induction_2l.yaml \
         configs/reverse.yaml --chains $CHAINS --draws "$DRAWS" --burn_in 50 ;;
     esac
