@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from phasewatch.phases.detector import detect_all
-from phasewatch.phases.stages import Signature, Stage, StageRules, detect_stages, read_stages, write_stages
+from phasewatch.phases.stages import (Signature, Stage, StageRules, detect_stages, read_stages, record_stages,
+                                     write_stages)
 from phasewatch.rundir import RunFolder
 
 STEPS = np.unique(np.geomspace(1, 10_000, 120).round())
@@ -217,3 +218,15 @@ def test_stages_written_into_the_run_folder_read_back(tmp_path):
     assert folder.stages.exists() and read_stages(folder) == stages
     assert read_stages(RunFolder(tmp_path / "none")) == []
     assert isinstance(read_stages(folder)[0], Stage)
+
+
+def test_a_run_folders_stages_recorded_from_its_metrics(tmp_path):
+    """record_stages: the detector over the folder's series, grouped, written; read back the same."""
+    folder = RunFolder(tmp_path)
+    steps = np.arange(10, 3001, 10)
+    x, y = step_series(300, steps=steps, noise=0.01)[1], step_series(320, "up", steps=steps, noise=0.01, seed=1)[1]
+    for step, a, b in zip(steps, x, y):
+        folder.append(folder.metrics, {"step": int(step), "a/x": float(a), "b/y": float(b), "b/L0H1": float(b)})
+    stages = record_stages(folder, StageRules(detail=lambda key: "/L0H" in key))
+    assert [members(s) for s in stages] == [[("a/x", "down"), ("b/y", "up")]] and 250 <= stages[0].midpoint <= 360
+    assert read_stages(folder) == stages
