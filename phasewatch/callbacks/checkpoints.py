@@ -3,9 +3,9 @@
 `step=<N>.ckpt` holds the state after N optimizer steps (step 0: the initial weights). By default
 the schedule is the probes' (post-hoc analysis sees the steps the live probes saw), plus, while the
 transition watcher has an onset pending, the steps of its dense grid (`dense_now`), thinned to at
-most `dense_per_decade` per tenfold of steps. Step checkpoints of the default schedule exist for
-post-hoc probes and hold the weights only; those of an explicit `schedule` are resume points and
-hold the full state (`weights_only` overrides both). `last.ckpt` always holds the full state: it is
+most `dense_per_decade` per tenfold of steps. The steps of an explicit `schedule` are resume points
+and hold the full state; every other step checkpoint exists for post-hoc probes and holds the
+weights only (`weights_only` overrides both). `last.ckpt` always holds the full state: it is
 refreshed every `last_every` steps, at the end, and at the step where SIGTERM arrived. At a step
 where validation runs, the save waits until validation has logged. Every file is written under a
 temporary name and renamed into place; a full disk stops the run with one line (DiskFull).
@@ -43,8 +43,8 @@ class ScheduledCheckpoints(Checkpoint):
             schedule; 30 log-spaced steps when no probes run).
         last_every: refresh last.ckpt (the full state) every this many steps.
         weights_only: whether step checkpoints hold the weights only (a third of the size with
-            AdamW, but no resuming from them). Default (null): weights only on the default
-            schedule, the full state on an explicit `schedule`.
+            AdamW, but no resuming from them). Default (null): the full state at the steps of an
+            explicit `schedule`, the weights only at the default schedule's and the dense grid's.
         dense_per_decade: keep at most this many of the dense grid's extra checkpoints per
             tenfold of steps: one is skipped when the step checkpoint before it is within a
             factor 10**(1/dense_per_decade); 0 keeps none, null every one. The schedule's own
@@ -59,7 +59,7 @@ class ScheduledCheckpoints(Checkpoint):
         self.dirpath = dirpath
         self.schedule = schedule.validate() if schedule is not None else None
         self.last_every = last_every
-        self.weights_only = (self.schedule is None) if weights_only is None else bool(weights_only)
+        self.weights_only = weights_only
         self.dense_per_decade = dense_per_decade
         self._steps: set[int] = set()
         self._trainer: pl.Trainer | None = None
@@ -129,12 +129,22 @@ class ScheduledCheckpoints(Checkpoint):
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
         last_due = step % self.last_every == 0 or getattr(trainer, "received_sigterm", False)
-        if step in self._steps or (dense_now(trainer) and self._dense_kept(step)):
-            self._save(trainer, checkpoint_name(step), self.weights_only, copy_to_last=not self.weights_only)
-            if self.weights_only and last_due:
+        scheduled = step in self._steps
+        if scheduled or (dense_now(trainer) and self._dense_kept(step)):
+            light = self.light(scheduled)
+            self._save(trainer, checkpoint_name(step), light, copy_to_last=not light)
+            if light and last_due:
                 self._save(trainer, LAST_CHECKPOINT)
         elif last_due:
             self._save(trainer, LAST_CHECKPOINT)
+
+    def light(self, scheduled: bool) -> bool:
+        """Whether a step checkpoint holds the weights only: `weights_only` when given, else
+        all but those at the steps of an explicit schedule (`scheduled`: the step is on the
+        schedule, not only on the dense grid)."""
+        if self.weights_only is not None:
+            return bool(self.weights_only)
+        return not (scheduled and self.schedule is not None)
 
     def _dense_kept(self, step: int) -> bool:
         """Whether a dense-grid checkpoint at `step` is kept (`dense_per_decade`): the step

@@ -147,6 +147,8 @@ class PhasewatchCLI(LightningCLI):
         cfg.checkpoints.dirpath = ckpt_cb.dirpath
         if ckpt_cb.schedule is None:  # by default the probes' schedule, recorded as such
             ckpt_cb.schedule = probe_cb.schedule
+            if ckpt_cb.weights_only is None:  # its checkpoints are for post-hoc probes: weights only, recorded
+                ckpt_cb.weights_only = cfg.checkpoints.weights_only = True
         cfg.checkpoints.schedule = Namespace(**dataclasses.asdict(ckpt_cb.schedule))
         name = Path(run_dir).name
         trainer_cfg = cfg.trainer

@@ -94,12 +94,15 @@ def test_dense_checkpoints_are_thinned_to_their_count_per_decade(tmp_path):
     assert ScheduledCheckpoints(dirpath=str(tmp_path / "empty"), dense_per_decade=10)._dense_kept(1)
 
 
-def test_weights_only_by_default_on_the_default_schedule_only():
+def test_weights_only_except_at_the_steps_of_an_explicit_schedule():
     from phasewatch.callbacks.schedule import Schedule
 
-    assert ScheduledCheckpoints().weights_only
-    assert not ScheduledCheckpoints(schedule=Schedule(kind="list", steps=[0, 5])).weights_only
-    assert ScheduledCheckpoints(schedule=Schedule(kind="list", steps=[0, 5]), weights_only=True).weights_only
+    explicit = Schedule(kind="list", steps=[0, 5])
+    assert ScheduledCheckpoints().light(scheduled=True) and ScheduledCheckpoints().light(scheduled=False)
+    assert not ScheduledCheckpoints(schedule=explicit).light(scheduled=True)  # a resume point
+    assert ScheduledCheckpoints(schedule=explicit).light(scheduled=False)  # the dense grid's: post-hoc only
+    assert ScheduledCheckpoints(schedule=explicit, weights_only=True).light(scheduled=True)
+    assert not ScheduledCheckpoints(weights_only=False).light(scheduled=False)
     with pytest.raises(ConfigError, match="dense_per_decade"):
         ScheduledCheckpoints(dense_per_decade=-1)
 
