@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import datetime
 import html
+import os
 import re
 from pathlib import Path
 from urllib.parse import quote
@@ -36,14 +37,14 @@ REFRESH_SECONDS = 30
 #: arrays drawn as one line per row (over their columns) instead of as a heatmap
 LINES = {"trace"}  # the LLC's SGLD chains: loss per sampling step
 #: a transition that changed its series by less than this fraction of the series' range is
-#: listed folded ("small"), as phases/stages.py measures a member's size
+#: listed folded ("small"; `_size`)
 SMALL = 0.1
 #: series measured on minibatches: drawn smoothed, with the raw points faint
 MINIBATCH = ("train/",)
 #: axis names of probe arrays that carry no `<key>_labels`: (row title, column title, first column index)
 ARRAY_AXES = {"grokking/spectrum": (None, "Fourier frequency k (norm of W_L)", 1)}
 #: config fields the header shows (dotted, `init_args` folded), when the config has them
-HEADER_FIELDS = ("data.task", "data.task.p", "data.task.program", "data.task.frac_train", "model.arch.n_layers",
+HEADER_FIELDS = ("data.task.class_path", "data.task.p", "data.task.program", "data.task.frac_train", "model.arch.n_layers",
                  "model.arch.d_model", "model.arch.n_heads", "model.lr", "model.weight_decay", "trainer.max_steps",
                  "seed_everything")
 #: the run folder's files the header links to (those it has)
@@ -133,9 +134,10 @@ def _labels(folder: RunFolder, probe: str, key: str, matrix: list) -> dict:
 
 
 def build_report(run_dir: str | Path, live: bool = False,
-                 catalogue: tuple[list[str], list[dict]] | None = None) -> str:
+                 catalogue: tuple[list[str], list[dict]] | None = None, at: str | Path | None = None) -> str:
     """The report's HTML; `catalogue`: the run's per-head catalogue when already read
-    (`head_catalogue`; read here otherwise)."""
+    (`head_catalogue`; read here otherwise); `at`: the folder the page will be written to (its
+    links to the run's files are relative to it; default: the run folder)."""
     folder = RunFolder(run_dir)
     series = load_series(folder.root)
     watched = {k: v for k, v in series.items() if not is_detail(k)}
@@ -167,7 +169,7 @@ def build_report(run_dir: str | Path, live: bool = False,
               if trajectory.exists() else "")
     refresh = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if live else ""
     fields = {"POLICY": policy(SCRIPT), "REFRESH": refresh, "TITLE": html.escape(folder.root.name),
-              "HEADER": header(folder, state, config), "TRAJECTORY": figure, "DATA": data, "SCRIPT": SCRIPT}
+              "HEADER": header(folder, state, config, Path(at) if at is not None else folder.root), "TRAJECTORY": figure, "DATA": data, "SCRIPT": SCRIPT}
     # in one pass: a run named "%DATA%" stays its name
     return re.sub(r"%(POLICY|REFRESH|TITLE|HEADER|TRAJECTORY|DATA|SCRIPT)%", lambda m: fields[m.group(1)], TEMPLATE)
 
@@ -180,17 +182,24 @@ def display_name(key: str) -> str:
 
 
 def _size(event: dict, series: dict) -> float | None:
-    """The change as a fraction of its series' range (on log10 of the values when the event
-    was measured on a log scale); None when the series or the magnitude is missing."""
+    """The change as a fraction of its series' range: `magnitude` (in the series' units) over
+    the range of its values, or, for an event watched on a log scale, the change in log10
+    between the values at its onset and end over the range of log10 of the values. None when
+    the series or the magnitude is missing."""
     data = series.get(event.get("metric"))
     if data is None or not isinstance(event.get("magnitude"), (int, float)):
         return None
-    values = np.asarray(data[1], dtype=float)
-    values = values[np.isfinite(values)]
+    steps, values = np.asarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
+    keep = np.isfinite(values) & ((values > 0) if event.get("scale") == "log" else True)
+    steps, values = steps[keep], values[keep]
     if event.get("scale") == "log":
-        values = np.log10(values[values > 0])
+        values = np.log10(values)
+        at = lambda step: values[np.argmin(np.abs(steps - step))]  # noqa: E731 - the nearest logged value
+        change = abs(at(event["end"]) - at(event["onset"])) if len(values) else 0.0
+    else:
+        change = abs(float(event["magnitude"]))
     span = float(np.ptp(values)) if len(values) else 0.0
-    return round(abs(float(event["magnitude"])) / span, 4) if span > 0 else None
+    return round(float(change) / span, 4) if span > 0 else None
 
 
 def one_row_per_series(rows: list[dict]) -> list[dict]:
@@ -224,15 +233,17 @@ def run_state(folder: RunFolder, series: dict, config: dict, live: bool) -> dict
     return {"step": step, "max_steps": max_steps, "status": status, "updated": updated.strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def header(folder: RunFolder, state: dict, config: dict) -> str:
-    """The header's HTML (every string escaped): state line, key config fields, file links."""
+def header(folder: RunFolder, state: dict, config: dict, at: Path) -> str:
+    """The header's HTML (every string escaped): state line, key config fields, and links to
+    the run's files relative to `at`, the page's folder."""
     of = f" of {state['max_steps']}" if state["max_steps"] else ""
     line = f"step {state['step']}{of}, {state['status']}; last update {state['updated']}"
-    fields = [(k.removeprefix("data.task.").removeprefix("model.arch.").removeprefix("model.")
-               .removeprefix("trainer."), config[k]) for k in HEADER_FIELDS if k in config]
+    fields = [("task", str(config[k]).rsplit(".", 1)[-1]) if k == "data.task.class_path" else
+              (k.rsplit(".", 1)[-1], config[k]) for k in HEADER_FIELDS if k in config]
     cells = "".join(f"<span><b>{html.escape(str(k))}</b> {html.escape(str(v))}</span>" for k, v in fields)
-    links = "".join(f'<a href="{html.escape(quote(getattr(folder, name).name))}">{html.escape(getattr(folder, name).name)}</a>'
-                    for name in HEADER_FILES if getattr(folder, name).exists())
+    files = [getattr(folder, name) for name in HEADER_FILES if getattr(folder, name).exists()]
+    links = "".join(f'<a href="{html.escape(quote(Path(os.path.relpath(f, at)).as_posix()))}">{html.escape(f.name)}</a>'
+                    for f in files)
     return (f'<div id="state" class="state">{html.escape(line)}</div><div id="config" class="fields">{cells}</div>'
             f'<div id="files" class="fields">files: {links}</div>')
 
@@ -279,7 +290,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, live: bool 
     folder.require_metrics()
     catalogue = head_catalogue(folder)
     write_head_catalogue(folder, catalogue)
-    return folder.write_atomic(Path(out) if out else folder.report, build_report(folder.root, live, catalogue))
+    path = Path(out) if out else folder.report
+    return folder.write_atomic(path, build_report(folder.root, live, catalogue, at=path.parent))
 
 
 TEMPLATE = r"""<!DOCTYPE html>
