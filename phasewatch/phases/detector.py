@@ -631,8 +631,8 @@ def together(a: dict, b: dict) -> bool:
 
 def lead_lag(events: list[dict], reference: str) -> list[dict]:
     """For each transition of the `reference` metric, the transition of every other metric in the
-    same phase of the run (`together` with it; of several, the nearest by midpoint in log-step),
-    with how many steps it led: positive `lead` = its midpoint came earlier, `onset_lead` likewise
+    same phase of the run (`together` with it; of several, the first: earliest onset, as a stage's
+    lead is the series that moved first), with how many steps it led: positive `lead` = its midpoint came earlier, `onset_lead` likewise
     for onsets. A metric with no transition in that phase has no row (a change in another phase
     is not compared: docs/phases.md, "Lead/lag"). The grokking story reads: the restricted loss
     falls and the excluded loss rises before the test loss collapses."""
@@ -644,7 +644,7 @@ def lead_lag(events: list[dict], reference: str) -> list[dict]:
             if other["metric"] == reference or not together(ref, other):
                 continue
             best = nearest.get(other["metric"])
-            if best is None or _log_distance(other, ref) < _log_distance(best, ref):
+            if best is None or (other["onset"], other["midpoint"]) < (best["onset"], best["midpoint"]):
                 nearest[other["metric"]] = other
         for other in nearest.values():
             out.append({"reference": reference, "reference_direction": ref["direction"],
@@ -652,7 +652,3 @@ def lead_lag(events: list[dict], reference: str) -> list[dict]:
                         "direction": other["direction"], "midpoint": other["midpoint"],
                         "lead": ref["midpoint"] - other["midpoint"], "onset_lead": ref["onset"] - other["onset"]})
     return sorted(out, key=lambda r: (r["reference_midpoint"], -r["lead"]))
-
-
-def _log_distance(a: dict, b: dict) -> float:
-    return abs(math.log(max(a["midpoint"], 1) / max(b["midpoint"], 1)))

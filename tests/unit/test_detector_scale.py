@@ -85,9 +85,9 @@ def test_lead_lag_compares_the_transitions_of_one_phase():
     rows = lead_lag(events, "val/loss")
     assert [(r["metric"], r["midpoint"], r["lead"], r["onset_lead"]) for r in rows] == [
         ("restricted", 1200, 1000, 810)]
-    # two candidates in the phase: the one nearer in log-step
-    rows = lead_lag(events + [_event("restricted", 2000, 2600, 3000)], "val/loss")
-    assert [(r["metric"], r["midpoint"]) for r in rows] == [("restricted", 2600)]
+    # two in the phase: the first (the series moved first there), not the one nearer by midpoint
+    rows = lead_lag(events + [_event("restricted", 1900, 2150, 2400)], "val/loss")
+    assert [(r["metric"], r["midpoint"]) for r in rows] == [("restricted", 1200)]
 
 
 def test_the_watcher_prints_headline_transitions_that_are_not_trivial():
