@@ -7,7 +7,11 @@ keeps checkpoints on its schedule and draws its progress bar (W&B off). Start-up
 are timed from step WARMUP to the end of training. Reported as a ratio measured in the
 same process, the median of several alternating repeats (target: >= 0.9).
 
-    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse]
+    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse] [--proxy]
+
+`--proxy`: the model shrunk until its arithmetic costs almost nothing (baseline_setup.PROXY),
+on one thread, so that what is compared is the host's work per step (the CPU proxy of a GPU);
+then the process's CPU time is reported too (robust on a machine that others share).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class StepTimer:
 
     started: float | None = None
     elapsed: float | None = None
+    cpu: float | None = None
 
     @classmethod
     def callback(cls):
@@ -43,35 +48,35 @@ class StepTimer:
         class _Timer(pl.Callback):
             def on_train_batch_start(self, trainer, *args):
                 if trainer.global_step == WARMUP:
-                    cls.started = time.perf_counter()
+                    cls.started, cls.cpu = time.perf_counter(), time.process_time()
 
             def on_train_end(self, trainer, *args):
-                cls.elapsed = time.perf_counter() - cls.started
+                cls.elapsed, cls.cpu = time.perf_counter() - cls.started, time.process_time() - cls.cpu
 
         return _Timer()
 
 
-def fit_seconds(config: str, steps: int) -> float:
-    """Seconds `phasewatch fit` spends on steps WARMUP..steps (W&B off)."""
+def fit_seconds(config: str, steps: int, flags: list[str] = ()) -> tuple[float, float]:
+    """Seconds `phasewatch fit` spends on steps WARMUP..steps (W&B off): wall and CPU time."""
     from baseline_setup import fit_with_callback
 
     with tempfile.TemporaryDirectory() as tmp:
         rc = fit_with_callback(["--config", config, "--trainer.enable_progress_bar", "true", "--run_dir", f"{tmp}/run",
                                 "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(VAL_EVERY),
-                                "--no_wandb"], StepTimer.callback())
+                                "--no_wandb", *flags], StepTimer.callback())
     assert rc == 0
-    return StepTimer.elapsed
+    return StepTimer.elapsed, StepTimer.cpu
 
 
-def loop_seconds(config: str, steps: int) -> float:
-    """The same model, data, optimizer and validation, in a plain PyTorch loop."""
+def loop_seconds(config: str, steps: int, flags: list[str] = ()) -> tuple[float, float]:
+    """The same model, data, optimizer and validation, in a plain PyTorch loop: wall and CPU time."""
     import torch.nn.functional as F
 
     from baseline_setup import build_from_config
 
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), time.process_time()
     torch.manual_seed(0)
-    cfg, module = build_from_config(config)
+    cfg, module = build_from_config(config, flags)
     task = module.task
     batch_size = cfg["data"].get("batch_size")
     model = module.model.original_model
@@ -82,7 +87,7 @@ def loop_seconds(config: str, steps: int) -> float:
     val = task.val_batches()
     for step in range(steps):
         if step == WARMUP:
-            t0 = time.perf_counter()
+            t0, cpu = time.perf_counter(), time.process_time()
         batch = task.train_batch(step, batch_size)
         logits = model(batch.tokens)
         loss = F.cross_entropy(logits[batch.loss_mask].to(module.loss_dtype), batch.targets[batch.loss_mask])
@@ -95,7 +100,7 @@ def loop_seconds(config: str, steps: int) -> float:
                 for vb in val:
                     vl = model(vb.tokens)
                     F.cross_entropy(vl[vb.loss_mask].to(module.loss_dtype), vb.targets[vb.loss_mask]).item()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - cpu
 
 
 def main() -> int:
@@ -103,15 +108,26 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--config", choices=sorted(CONFIGS), default="quickstart")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--proxy", action="store_true", help="the model shrunk, on one thread: host work per step")
     a = ap.parse_args()
+    from baseline_setup import proxy_flags
+
     args = CONFIGS[a.config]
-    fit_rates, loop_rates = [], []
+    flags = proxy_flags(args) if a.proxy else []
+    if a.proxy:
+        torch.set_num_threads(1)
+    fit, loop = [], []
     for _ in range(a.repeats):  # alternate, so drift in machine load hits both
-        loop_rates.append((a.steps - WARMUP) / loop_seconds(args, a.steps))
-        fit_rates.append((a.steps - WARMUP) / fit_seconds(args, a.steps))
-    fit_rate, loop_rate = statistics.median(fit_rates), statistics.median(loop_rates)
-    print(f"\nconfig {a.config}: hand-written loop {loop_rate:.1f} steps/s, phasewatch fit {fit_rate:.1f} steps/s, "
-          f"ratio {fit_rate / loop_rate:.2f} (target >= 0.9) on {torch.get_num_threads()} threads", file=sys.stderr)
+        loop.append(loop_seconds(args, a.steps, flags))
+        fit.append(fit_seconds(args, a.steps, flags))
+    n = a.steps - WARMUP
+    for i, what in enumerate(("wall", "CPU")):
+        fit_rate = statistics.median(n / f[i] for f in fit)
+        loop_rate = statistics.median(n / f[i] for f in loop)
+        print(f"\nconfig {a.config}{' (proxy)' if a.proxy else ''}, {what} time: hand-written loop {loop_rate:.1f} "
+              f"steps/s ({1e3 / loop_rate:.2f} ms a step), phasewatch fit {fit_rate:.1f} steps/s "
+              f"({1e3 / fit_rate:.2f} ms), ratio {fit_rate / loop_rate:.2f} (target >= 0.9) on "
+              f"{torch.get_num_threads()} threads", file=sys.stderr)
     return 0
 
 

@@ -107,15 +107,16 @@ def _median(runs: list[dict]) -> dict:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
-def bench_training(a) -> list[dict]:
-    """Rows of `--part train` for this process's phasewatch."""
+def bench_training(a, configs: list[str], warm: bool) -> list[dict]:
+    """Rows of `--part train` for this process's phasewatch (`warm`: a warm-up fit first)."""
     from baseline_setup import proxy_flags
 
     rows = []
-    flags0 = proxy_flags(a.config[0]) if a.proxy else []
-    time_fit(a.config[0], 2, a.device, None, flags=flags0)  # warm-up: the first fit in a process imports and compiles
-    time_fit(a.config[0], 2, a.device, "0-1", flags=flags0)
-    for config in a.config:
+    flags0 = proxy_flags(configs[0]) if a.proxy else []
+    if warm:  # the first fit in a process imports and compiles
+        time_fit(configs[0], 2, a.device, None, flags=flags0)
+        time_fit(configs[0], 2, a.device, "0-1", flags=flags0)
+    for config in configs:
         flags = proxy_flags(config) if a.proxy else []
         varies = not build_from_config(config, flags)[1].task.full_batch  # as --population.vary_data's default
         solo = _median([time_fit(config, a.steps, a.device, None, seed=k, data_seed=varies, flags=flags)
@@ -142,15 +143,15 @@ def bench_training(a) -> list[dict]:
     return rows
 
 
-def baseline_rows(a) -> list[dict]:
-    """The same measurement with the phasewatch package of `--baseline_tree` (the code before
-    a change, e.g. `git worktree add ../base <commit>`), in a child process."""
+def baseline_rows(a, configs: list[str]) -> list[dict]:
+    """The same measurement of `configs` with the phasewatch package of `--baseline_tree` (the
+    code before a change, e.g. `git worktree add ../base <commit>`), in a child process."""
     import json
     import os
     import subprocess
 
     argv = [sys.executable, __file__, "--json", "--label", "before", "--steps", str(a.steps), "--solo", str(a.solo),
-            "--device", a.device, "--config", *a.config, "--members", *map(str, a.members),
+            "--device", a.device, "--config", *configs, "--members", *map(str, a.members),
             *(["--proxy"] if a.proxy else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(a.baseline_tree).resolve()),
                                                        os.environ.get("PYTHONPATH", "")])}
@@ -197,8 +198,11 @@ def main() -> int:
     if a.proxy:
         torch.set_num_threads(1)
     if a.part == "train":
-        rows = baseline_rows(a) if a.baseline_tree else []
-        rows += bench_training(a)
+        rows = []
+        for i, config in enumerate(a.config):  # before and after, config by config
+            if a.baseline_tree:
+                rows += baseline_rows(a, [config])
+            rows += bench_training(a, [config], warm=i == 0)
         if a.json:
             import json
 
