@@ -29,7 +29,8 @@ from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.errors import ConfigError
 
-#: the llc probe's defaults, calibrated on the quickstart and induction_2l runs (bench/README.md)
+#: the one set of SGLD defaults (the probe's and the estimators'), calibrated on the quickstart
+#: and induction_2l runs (bench/README.md)
 DEFAULTS = {"chains": 2, "draws": 200, "burn_in": 200, "step_size": 1e-4, "gamma": 300.0, "batch_size": None}
 
 
@@ -39,11 +40,11 @@ def estimate_llc(
     n: int,
     *,
     loss_star: float | None = None,
-    chains: int = 4,
-    draws: int = 200,
-    burn_in: int = 100,
-    step_size: float = 1e-4,
-    gamma: float = 100.0,
+    chains: int = DEFAULTS["chains"],
+    draws: int = DEFAULTS["draws"],
+    burn_in: int = DEFAULTS["burn_in"],
+    step_size: float = DEFAULTS["step_size"],
+    gamma: float = DEFAULTS["gamma"],
     beta: float | None = None,
     max_rise: float | None = None,
     seed: int = 0,
@@ -150,11 +151,11 @@ def estimate_llc_side_by_side(
     n: int,
     *,
     loss_star: float,
-    chains: int = 4,
-    draws: int = 200,
-    burn_in: int = 100,
-    step_size: float = 1e-4,
-    gamma: float = 100.0,
+    chains: int = DEFAULTS["chains"],
+    draws: int = DEFAULTS["draws"],
+    burn_in: int = DEFAULTS["burn_in"],
+    step_size: float = DEFAULTS["step_size"],
+    gamma: float = DEFAULTS["gamma"],
     beta: float | None = None,
     max_rise: float | None = None,
     seed: int = 0,
@@ -211,8 +212,8 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
     named = {k: p for k, p in module.named_parameters() if p.requires_grad}
     params = list(named.values())
     device = params[0].device
-    chains = kwargs.get("chains", 4)
-    steps = kwargs.get("burn_in", 100) + kwargs.get("draws", 200)
+    chains = kwargs.get("chains", DEFAULTS["chains"])
+    steps = kwargs.get("burn_in", DEFAULTS["burn_in"]) + kwargs.get("draws", DEFAULTS["draws"])
     if task.full_batch:
         full = task.train_batch(0, None).to(device)
         size = len(full)
