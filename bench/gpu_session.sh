@@ -48,7 +48,7 @@ fi
 # state file of earlier grokking parts, carried along), GROK_STEPS, POP_CONFIGS, MEMBERS and
 # POP_STEPS (not in quick mode), POP_SOLO (runs alone timed), POP_BASELINE (a folder holding the phasewatch package before a
 # change: population.py's --baseline_tree, timed beside this tree's in the same part), and each
-# part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S).
+# part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S); TEST_GPU_K: pytest's -k for the GPU tests.
 # The parts' limits add up to 560 s: with the install, one lent machine's 10-minute command
 # holds all four only just; give a second sitting the parts the first did not finish.
 PARTS=${PARTS:-"test_gpu grokking population llc"}
@@ -61,7 +61,8 @@ POP_CONFIGS=${POP_CONFIGS:-"configs/induction_2l.yaml configs/reverse.yaml confi
 # in the order of what matters most: correctness on the device, then the timings
 for p in $PARTS; do
     case $p in
-    test_gpu) part test_gpu "${TEST_GPU_S:-150}" python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py ;;
+    test_gpu) part test_gpu "${TEST_GPU_S:-150}" python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py \
+        ${TEST_GPU_K:+-k "$TEST_GPU_K"} ;;
     grokking) part grokking "${GROK_S:-200}" python3 bench/gpu_grokking.py --device "$DEVICE" --steps "$GROK" --out "$OUT/RESULTS.md" \
         --state "$OUT/grok_state.json" --parts "${GROK_PARTS:-loop,fit,bare}" ;;
     population) part population "${POP_S:-150}" python3 bench/population.py --part train --markdown --device "$DEVICE" \
