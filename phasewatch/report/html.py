@@ -397,7 +397,7 @@ function drawPanel(panel) {
   const X = x => M.l + (x - x0) / (x1 - x0) * (W - M.l - M.r);
   const Y = y => H - M.b - (y - y0) / (y1 - y0) * (H - M.t - M.b);
   for (const ev of D.events) {
-    if (!panel.keys.includes(ev.metric) || ev.onset < 1) continue;
+    if (!panel.keys.includes(ev.metric) || ev.onset < 1 || small(ev)) continue;  // small changes: in the table only
     g.fillStyle = ev.direction === "down" ? "rgba(214,39,40,0.12)" : "rgba(44,160,44,0.12)";
     const a = X(Math.log10(ev.onset)), b = X(Math.log10(Math.max(ev.end, ev.onset)));
     g.fillRect(a, M.t, Math.max(b - a, 2), H - M.t - M.b);
@@ -427,16 +427,19 @@ function drawPanel(panel) {
   });
   bandLegend(box, panel);
 }
+function small(ev) { return ev.size != null && ev.size < D.small; }  // under D.small of its series' range
 function bandLegend(box, panel) {  // which series each shaded band is, and its direction
-  const bands = D.events.filter(ev => panel.keys.includes(ev.metric) && ev.onset >= 1);
-  if (!bands.length) return;
+  const mine = D.events.filter(ev => panel.keys.includes(ev.metric) && ev.onset >= 1), bands = mine.filter(ev => !small(ev));
+  if (!mine.length) return;
   const div = el("div", {className: "bands"}, box); div.dataset.bands = panel.title;
-  el("span", {textContent: "shaded:"}, div);
+  el("span", {textContent: bands.length ? "shaded:" : "no band:"}, div);
   for (const ev of bands) {
     const up = ev.direction === "up", span = el("span", {}, div);
     el("span", {textContent: "\u25A0", style: `color:${up ? "rgba(44,160,44,0.5)" : "rgba(214,39,40,0.5)"};margin:0 3px 0 0`}, span);
     el("span", {textContent: `${label(ev.metric)} ${up ? "\u2191" : ev.direction === "down" ? "\u2193" : ""}${ev.direction}, steps ${ev.onset}\u2013${ev.end}`}, span);
   }
+  const unshaded = mine.length - bands.length;
+  if (unshaded) el("span", {textContent: `(${unshaded} small change${unshaded > 1 ? "s" : ""}, under ${100 * D.small}% of the series' range, not shaded: see the table)`}, div);
 }
 function drawEvents() {  // by midpoint; changes under D.small of their series' range folded
   const box = document.getElementById("events"), st = D.state;
@@ -450,7 +453,7 @@ function drawEvents() {  // by midpoint; changes under D.small of their series' 
   const headers = ["metric", "direction", "onset", "midpoint", "end", "magnitude", "of its range", "detected at"];
   const row = e => [label(e.metric), e.direction, e.onset, e.midpoint, e.end, (+e.magnitude).toPrecision(3),
                     e.size == null ? "" : Math.round(100 * e.size) + "%", e.detected_at];
-  const small = e => e.size != null && e.size < D.small, big = D.events.filter(e => !small(e)), folded = D.events.filter(small);
+  const big = D.events.filter(e => !small(e)), folded = D.events.filter(small);
   if (big.length) table(box, headers, big.map(row)).id = "transitions";
   else el("div", {className: "note", textContent: `No transition changed its series by ${100 * D.small}% of its range or more.`}, box);
   if (folded.length) {
