@@ -248,7 +248,9 @@ def phases_command(argv: list[str]) -> int:
     parser.add_argument("--series", action="store_true",
                         help="also each series' transitions and lead/lag (per-series key frequencies and heads "
                              "included, which stages leave out)")
-    parser.add_argument("--log-values", action="store_true", help="detect in log10 of the values (losses by decades)")
+    parser.add_argument("--log-values", action="store_true",
+                        help="detect in log10 of every positive series (default: each on its own scale, as the live "
+                             "watcher: losses in log10, accuracies and fractions as they are; docs/phases.md)")
     parser.add_argument("--reference", default=None,
                         help="lead/lag against this series' transitions (default: val/loss when present)")
     parser.add_argument("--json", action="store_true",
@@ -277,7 +279,8 @@ def phases_command(argv: list[str]) -> int:
         data = {k: data[k] for k in args.keys}
     rules = stage_rules()
     watched = data if args.series else {k: v for k, v in data.items() if not rules.detail(k)}
-    found = detect_all(watched, DetectorConfig(log_values=args.log_values), trends=args.trends and args.series)
+    found = detect_all(watched, DetectorConfig(log_values=args.log_values), trends=args.trends and args.series,
+                       declared=None if args.log_values else rules.scale)  # the live watcher's scales (phases/scale.py)
     events = [e for e in found if e["kind"] == "transition"]
     stages = detect_stages(events, watched, rules)
     if args.json:

@@ -85,12 +85,14 @@ class StageRules:
     """What the keys mean to the stage detector (probes/keys.py `stage_rules()` builds it from
     the probes' declarations): the signatures, the headline keys (one of them alone makes a
     stage), each key's family (two families together make one; default: the key's first
-    path part) and which keys are detail (left out)."""
+    path part), which keys are detail (left out) and each key's declared scale (the detector's
+    `declared`, for `run_stages`)."""
 
     signatures: tuple[Signature, ...] = ()
     headline: frozenset = frozenset()
     family: Callable[[str], str] = _first_part
     detail: Callable[[str], bool] = lambda key: False
+    scale: Callable[[str], str | None] | None = None
 
 
 @dataclasses.dataclass
@@ -341,11 +343,12 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
 
 
 def run_stages(folder, rules: StageRules | None = None, events: Iterable | None = None) -> list[Stage]:
-    """A run folder's stages: of `events`, by default the detector's transitions in every
-    series that is not detail (what `phasewatch phases RUN` shows)."""
+    """A run folder's stages: of `events`, by default the detector's transitions (on each
+    series' declared scale) in every series that is not detail (what `phasewatch phases RUN` shows)."""
     rules = rules or StageRules()
     series = {k: v for k, v in folder.series().items() if not rules.detail(k)}
-    return detect_stages(detect_all(series) if events is None else events, series, rules)
+    found = detect_all(series, declared=rules.scale) if events is None else events
+    return detect_stages(found, series, rules)
 
 
 def record_stages(folder, rules: StageRules | None = None, events: Iterable | None = None) -> list[Stage]:

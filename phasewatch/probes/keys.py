@@ -182,6 +182,7 @@ def key_family(key: str) -> str:
 
 def stage_rules() -> StageRules:
     """What the declarations tell the stage detector: every declared stage signature, the
-    headline keys, each key's family (`key_family`) and the detail keys."""
+    headline keys, each key's family (`key_family`), the detail keys and the declared scales."""
     return StageRules(signatures=tuple(s for f in _FAMILIES.values() for s in f.stages),
-                      headline=frozenset(headline_keys()), family=key_family, detail=is_detail)
+                      headline=frozenset(headline_keys()), family=key_family, detail=is_detail,
+                      scale=declared_scale)
