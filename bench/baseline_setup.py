@@ -9,26 +9,28 @@ from phasewatch.training.module import TrainModule
 
 
 #: the CPU proxy of a GPU (issue 45): the config's model shrunk until its arithmetic costs
-#: almost nothing (d_model 8, one head, batch 2, a small held-out set), so that what is timed
-#: is the host's work per step; on one thread (a shared machine's busy cores make threads wait)
-PROXY = {"model": {"arch": {"d_model": 8, "n_heads": 1, "d_head": 8, "d_mlp": 16}},
-         "data": {"task": {"init_args": {"batch_size": 2, "n_val": 8}}}}
+#: almost nothing (d_model 8, one head, batch 2, a held-out set of a few sequences, modulus
+#: 13), so that what is timed is the host's work per step; on one thread (a shared machine's
+#: busy cores make threads wait). Task arguments apply where the config's task takes them.
+PROXY_ARCH = {"d_model": 8, "n_heads": 1, "d_head": 8, "d_mlp": 16}
+PROXY_TASK = {"batch_size": 2, "n_val": 8, "n_val_per_length": 2, "p": 13}
 
 
 def proxy_flags(path: str) -> list[str]:
-    """`PROXY` as command-line flags for `path`'s config (only the fields its task and model have)."""
+    """The proxy's command-line flags for `path`'s config."""
+    import importlib
+    import inspect
+
     with open(path) as f:
         cfg = yaml.safe_load(f)
-    flags = []
     arch = (cfg.get("model") or {}).get("arch") or {}
-    for key, value in PROXY["model"]["arch"].items():
-        if key != "d_mlp" or not arch.get("attn_only"):
-            flags += [f"--model.arch.{key}", str(value)]
-    init = ((cfg.get("data") or {}).get("task") or {}).get("init_args") or {}
-    for key, value in PROXY["data"]["task"]["init_args"].items():
-        if key in init:
-            flags += [f"--data.task.init_args.{key}", str(value)]
-    return flags
+    flags = [x for key, value in PROXY_ARCH.items() if key != "d_mlp" or not arch.get("attn_only")
+             for x in (f"--model.arch.{key}", str(value))]
+    class_path = cfg["data"]["task"]["class_path"]
+    module, name = class_path.rsplit(".", 1)
+    takes = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    return flags + [x for key, value in PROXY_TASK.items() if key in takes
+                    for x in (f"--data.task.init_args.{key}", str(value))]
 
 
 def build_from_config(path: str, flags: list[str] = ()) -> tuple[dict, TrainModule]:
