@@ -46,9 +46,10 @@ else
 fi
 # what runs (PARTS), and settings a second sitting may change: GROK_PARTS and GROK_STATE (a
 # state file of earlier grokking parts, carried along), GROK_STEPS, POP_CONFIGS, MEMBERS and
-# POP_STEPS (not in quick mode), POP_SOLO (runs alone timed), POP_BASELINE (a folder holding the phasewatch package before a
-# change: population.py's --baseline_tree, timed beside this tree's in the same part), and each
-# part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S); TEST_GPU_K: pytest's -k for the GPU tests.
+# POP_STEPS (not in quick mode), POP_SOLO (runs alone timed), POP_BASELINE (a folder holding the
+# phasewatch package before a change: population.py's --baseline_tree, timed beside this tree's
+# in the same part), each part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S), and
+# TEST_GPU_K (pytest's -k for the GPU tests).
 # The parts' limits add up to 560 s: with the install, one lent machine's 10-minute command
 # holds all four only just; give a second sitting the parts the first did not finish.
 PARTS=${PARTS:-"test_gpu grokking population llc"}

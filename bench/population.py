@@ -10,8 +10,13 @@ Two measurements, each against its baseline in the same run:
   sequential time is N x the median of `--solo` runs alone, of seeds 0, 1, ... as members
   0, 1, ... are (`seed_everything` k, and the data seed k where the members' data varies):
   seeds differ in cost, since a run with a transition under way gets adaptive resolution's
-  extra checkpoints. Reported: member-steps per second each way and their
-  ratio, and on CUDA the peak memory per member.
+  extra checkpoints. Reported: member-steps per second each way and their ratio (of the
+  whole command, and of the training loop alone), the training loop's milliseconds per
+  member-step, and on CUDA the peak memory per member. `--proxy` shrinks the model until its
+  arithmetic costs almost nothing (baseline_setup.PROXY) and runs on one thread, so that the
+  host's work is what is timed; it then reports the process's CPU time, which others' load on a
+  shared machine disturbs less than the wall clock. `--baseline_tree DIR` times the code in
+  DIR (the phasewatch package before a change) too, in a child process, config by config.
 - `--part llc`: the LLC probe's SGLD chains side by side (`torch.func.vmap`, the default
   with 4+ chains) against one after the other, at the same number of chains and draws, on
   each config's model and training data. Both follow the same paths
