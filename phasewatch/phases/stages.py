@@ -30,7 +30,7 @@ from phasewatch.rundir import read_jsonl
 LEVEL = 0.95
 #: the smallest timing scale of a transition, in decades of steps (a jump between two logged
 #: steps can have onset = end)
-MIN_WIDTH = 0.01
+MIN_WIDTH = 0.05
 #: a series "moves" over a stage (for its type) when it changes by this fraction of its range
 MOVE = 0.1
 #: the series the type of a stage is read from: the LLC estimate, and the first loss present
@@ -98,10 +98,11 @@ class StageRules:
 @dataclasses.dataclass
 class Stage:
     """One stage: steps `onset` (the earliest member's onset), `midpoint` (its members'
-    midpoints averaged in log-step time, `_midpoint`), `end` (the latest member's end); `members`, the per-series events
-    with `series` and `size` (magnitude over the series' range) added, by midpoint; `lead`, the
-    series that moved first (earliest onset); `name` of the matched signature or None; `type`
-    "A", "B" or None; `id`, stable between calls given `previous`."""
+    midpoints averaged in log-step time, `_midpoint`), `end` (the latest member's end);
+    `members`, the per-series events with `series` and `size` (magnitude over the series'
+    range) added, by midpoint; `lead`, the series that moved first (earliest onset); `name` of
+    the matched signature or None; `type` "A", "B" or None; `id`, stable between calls given
+    `previous`."""
 
     id: int
     onset: int

@@ -255,16 +255,16 @@ def _applies(task) -> bool:
 
 _GROKKING_RUN = r"grok/restricted_loss"
 _TRAIN, _TEST = "train/acc up | train/loss down", ("val/acc up", "val/loss down")
+_CLEANING = "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up"
 #: the three phases of Nanda et al. 2023 (section 5.1), by what moves in them (docs/stages.md)
 STAGES = (
     Signature("memorisation", moves=(_TRAIN,), absent=_TEST, run_has=_GROKKING_RUN,
               source="Nanda et al. 2023, sec. 5.1: the train loss falls, the test loss does not"),
     Signature("circuit formation", moves=("grok/restricted_loss down | grok/excluded_loss up",),
-              absent=(_TRAIN,) + _TEST, run_has=_GROKKING_RUN,
+              absent=(_TRAIN,) + _TEST + (_CLEANING,), run_has=_GROKKING_RUN,
               source="Nanda et al. 2023, sec. 5.1: the restricted loss falls and the excluded loss rises while "
-                     "the train and test losses stay"),
-    Signature("cleanup", moves=("val/loss down | val/acc up",
-                                "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up"),
+                     "the train and test losses stay (and the weights do not yet fall sharply: cleanup)"),
+    Signature("cleanup", moves=("val/loss down | val/acc up", _CLEANING),
               absent=(_TRAIN,), run_has=_GROKKING_RUN,
               source="Nanda et al. 2023, sec. 5.1: the test loss falls as the weight norm falls and the Gini "
                      "coefficients rise"),
