@@ -9,7 +9,7 @@ same process, the median of several alternating repeats (target: >= 0.9).
 
     python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse] [--proxy]
 
-`--proxy`: the model shrunk until its arithmetic costs almost nothing (baseline_setup.PROXY),
+`--proxy`: the model shrunk until its arithmetic costs almost nothing (baseline_setup.PROXY_*),
 on one thread, so that what is compared is the host's work per step (the CPU proxy of a GPU);
 then the process's CPU time is reported too (robust on a machine that others share).
 """

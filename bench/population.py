@@ -13,7 +13,7 @@ Two measurements, each against its baseline in the same run:
   extra checkpoints. Reported: member-steps per second each way and their ratio (of the
   whole command, and of the training loop alone), the training loop's milliseconds per
   member-step, and on CUDA the peak memory per member. `--proxy` shrinks the model until its
-  arithmetic costs almost nothing (baseline_setup.PROXY) and runs on one thread, so that the
+  arithmetic costs almost nothing (baseline_setup.PROXY_*) and runs on one thread, so that the
   host's work is what is timed; it then reports the process's CPU time, which others' load on a
   shared machine disturbs less than the wall clock. `--baseline_tree DIR` times the code in
   DIR (the phasewatch package before a change) too, in a child process, config by config.
@@ -194,7 +194,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--proxy", action="store_true",
-                    help="the CPU proxy: the model shrunk (baseline_setup.PROXY) on one thread, so host work is timed")
+                    help="the CPU proxy: the model shrunk (baseline_setup.PROXY_*) on one thread, so host work is timed")
     ap.add_argument("--baseline_tree", default=None,
                     help="a folder holding the phasewatch package before a change: measured too, in a child process")
     ap.add_argument("--label", default="after", help=argparse.SUPPRESS)
