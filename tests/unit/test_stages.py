@@ -172,11 +172,14 @@ def test_the_declared_signatures_name_the_grokking_phases_in_order():
     assert [s.name for s in detect_stages(shrinking, series, stage_rules())] == [None]
     # without a grokking probe's key in the run, none of the three applies
     assert [s.name for s in detect_stages(events[:3], {}, stage_rules())] == [None]
-    # an induction run's stage: the heads probe's signature; the same moves without the
-    # in-context loss are no induction stage
-    induction = [event("heads/induction/max", 350, "up"), event("icl/loss_gap", 340), event("val/loss", 350)]
+    # an induction run's stage: the heads probe's signature (heads pass the induction threshold
+    # as the in-context loss falls); without the in-context loss it is no induction stage
+    induction = [event("heads/induction/count", 350, "up"), event("icl/loss_gap", 340), event("val/loss", 350),
+                 event("heads/induction/max", 345, "up")]
     assert [s.name for s in detect_stages(induction, {}, stage_rules())] == ["induction heads form"]
     assert [s.name for s in detect_stages(induction[::2], {}, stage_rules())] == [None]
+    # the score rising with no head passing the threshold (a 1-layer model) is no induction stage
+    assert [s.name for s in detect_stages(induction[1:], {}, stage_rules())] == [None]
 
 
 def test_stage_types_from_the_llc_and_the_loss():
