@@ -1,13 +1,15 @@
 """Stages (phasewatch/phases/stages.py) on planted multi-series cases and on real runs.
 
-    python bench/stages.py [--seeds 12] [--runs RUN_DIR ...] [--write]
+    python bench/stages.py [--seeds 8] [--runs RUN_DIR ...] [--write]
 
 Synthetic: per seed, series logged at 100 log-spaced steps (1-10,000) holding three planted
 stages about a decade apart (2-4 series each, of different families; logistic steps in log-step time whose 10-90% part
 lasts 0.06-0.2 decades, midpoints scattered by half a logistic width about the stage's time, noise 4% of the
 step), two lone changes (series of their own family, 0.35-0.55 decades from the stages),
 two noise series and two trends (linear in steps, linear in log-steps); the "close" case puts
-two of the stages 0.35 decades apart with changes lasting 0.1-0.3 decades (their spans overlap). The detector's transitions (`detect_all`) go to
+two of the stages 0.35 decades apart with changes lasting 0.1-0.3 decades (their spans overlap);
+"close, slow" adds to the middle stage a slow change lasting 0.6 decades (a Gini coefficient
+rising through two phases). The detector's transitions (`detect_all`) go to
 four groupings, the same qualification rule (two families or a headline series; none here)
 after each: phasewatch's (chi-squared at 95%), the same at 99%, the per-series list (every
 transition its own stage: what `phasewatch phases` printed before stages) and the 10-90%
@@ -53,7 +55,7 @@ def logistic(t: np.ndarray, centre: float, width: float) -> np.ndarray:
     return 1 / (1 + np.exp(-(t - centre) / width))
 
 
-def synthetic_run(seed: int, close: bool) -> tuple[dict, list[Planted], set]:
+def synthetic_run(seed: int, close: bool, slow: bool = False) -> tuple[dict, list[Planted], set]:
     """(series, planted stages, lone series) of one synthetic run."""
     rng = np.random.default_rng(seed)
     t = np.log10(STEPS)
@@ -66,9 +68,10 @@ def synthetic_run(seed: int, close: bool) -> tuple[dict, list[Planted], set]:
     for k, centre in enumerate(times):
         names = set()
         low, high = math.inf, -math.inf
-        for j in range(rng.integers(2, 5)):
+        for j in range(rng.integers(2, 5) + (slow and k == 1)):
             family += 1
             span = rng.uniform(0.1, 0.3) if close else rng.uniform(0.06, 0.2)  # decades from 10% to 90%
+            span = 0.6 if slow and k == 1 and j == 0 else span
             scale = span / (2 * _LN9)
             mid = centre + rng.normal(0, 0.5 * scale)
             name = f"f{family}/stage{k}"
@@ -144,8 +147,8 @@ def score(found, planted: list[Planted], lone: set) -> dict:
 
 def synthetic_table(seeds: int) -> str:
     rows = []
-    for close in (False, True):
-        runs = [synthetic_run(seed, close) for seed in range(seeds)]
+    for case, (close, slow) in {"apart": (False, False), "close": (True, False), "close, slow": (True, True)}.items():
+        runs = [synthetic_run(seed, close, slow) for seed in range(seeds)]
         events = [detect_all(series) for series, _, _ in runs]
         for label, how in GROUPINGS.items():
             total: dict = {}
@@ -155,7 +158,7 @@ def synthetic_table(seeds: int) -> str:
                     total[key] = total.get(key, 0 if not isinstance(value, list) else []) + value
             took = (time.perf_counter() - start) / seeds * 1000
             errors = total["onset_err"] + total["end_err"]
-            rows.append(f"| {'close' if close else 'apart'} | {label} | {total['found']} | "
+            rows.append(f"| {case} | {label} | {total['found']} | "
                         f"{total['true'] / max(total['found'], 1):.2f} | {total['recalled'] / total['planted']:.2f} | "
                         f"{total['lone_in']}/{total['lone']} | "
                         f"{np.mean(np.array(errors) <= RECOVERED) if errors else float('nan'):.2f} | "
@@ -202,13 +205,14 @@ def real_table(runs: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=12)
+    parser.add_argument("--seeds", type=int, default=8, help="synthetic runs per case (0: none)")
     parser.add_argument("--runs", nargs="*", default=[], help="run folders")
     parser.add_argument("--write", action="store_true", help="write the tables into bench/README.md")
     args = parser.parse_args()
-    text = "Synthetic planted stages (%d seeds per case):\n\n%s" % (args.seeds, synthetic_table(args.seeds))
+    parts = [f"Synthetic planted stages ({args.seeds} seeds per case):\n\n{synthetic_table(args.seeds)}"] if args.seeds else []
     if args.runs:
-        text += "\n\nReal runs:\n\n" + real_table(args.runs)
+        parts.append("Real runs:\n\n" + real_table(args.runs))
+    text = "\n\n".join(parts)
     print(text)
     if args.write:
         readme = REPO / "bench" / "README.md"
