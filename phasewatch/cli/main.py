@@ -254,7 +254,8 @@ def phases_command(argv: list[str]) -> int:
     parser.add_argument("--reference", default=None,
                         help="lead/lag against this series' transitions (default: val/loss when present)")
     parser.add_argument("--json", action="store_true",
-                        help="print the stages as JSON lines (with --series: the events, as in events.jsonl)")
+                        help="print the stages as JSON lines (with --series: the events, as the run folder's "
+                             "events file has them)")
     parser.add_argument("--trends", action="store_true",
                         help="with --series, also list the steady changes that are not transitions (kind 'trend', "
                              "docs/phases.md)")
