@@ -71,6 +71,7 @@ def _finish_fit(store, interrupted: bool = False) -> None:
     from phasewatch.cli.console import fit_summary, max_steps_of
 
     for run in [store] if store.metrics.exists() else run_folders(store.root):
+        _record_stages(run)
         _draw_trajectory(run, always=interrupted)
     if not store.metrics.exists() and run_folders(store.root):
         from phasewatch.report.population import write_population_report
@@ -80,6 +81,19 @@ def _finish_fit(store, interrupted: bool = False) -> None:
               f"(folder {format_size(store.size_bytes())})")
     elif not interrupted and store.metrics.exists():
         print("\n".join(fit_summary(store, max_steps_of(store))))
+
+
+def _record_stages(store) -> None:
+    """The run's stages (phases/stages.py), from its finished series, into its folder for the
+    report and the summary: what `phasewatch phases RUN` prints."""
+    import phasewatch.probes  # noqa: F401  (the probes' key declarations: scales, signatures)
+    from phasewatch.phases.stages import record_stages
+    from phasewatch.probes.keys import stage_rules
+
+    try:
+        record_stages(store, stage_rules())
+    except (OSError, ValueError) as err:  # the report and the summary go on without stages
+        print(f"phasewatch: the run's stages were not written ({err!r})", file=sys.stderr)
 
 
 def _draw_trajectory(store, always: bool = False) -> None:

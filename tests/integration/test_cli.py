@@ -264,3 +264,8 @@ def test_a_fit_ends_with_a_summary_and_without_library_noise(tmp_path, capfd, mo
     pattern = re.search(r"upload to W&B: wandb sync (\S+)", summary).group(1)
     assert glob.glob(pattern)
     assert f"train on: phasewatch fit --run_dir {run} --ckpt_path last --trainer.max_steps 40" in summary
+    from phasewatch.phases.stages import read_stages
+
+    assert RunFolder(run).stages.exists()  # written at the end of the fit, for the report and this summary
+    for i, stage in enumerate(read_stages(RunFolder(run)), 1):
+        assert f"stage {i}: {stage.summary()}" in summary
