@@ -1,48 +1,16 @@
-"""Live phase-transition detection in two stages: a callback around `phases.detector`.
+"""Live phase-transition detection: `TransitionWatcher`, a callback around `phases.detector`.
 
-Every `every_n_validations` validations it takes the series logged so far (kept in memory
-by the run folder's logger) and runs the detector on the watched ones (all but the detail
-keys the probes declare), each on its scale (`phases.scale.watch_scale`: losses in log10),
-asking also for changes still under way (`in_progress=True`). Each event (`phases.events.Event`)
-gets a `stage` and `detected_at` (the step at which it was found) and goes to every logger
-that records events (the run folder's events, W&B); the console gets the confirmed
-transitions of headline keys that are not trivially small (every event with `verbose`),
-clear of the progress bar (`callbacks.console.say`):
-
-- `onset`: a transition in progress, said as soon as either
-  - the series' newest points leave its recent trend by `departure_z` (5) standard errors
-    (`departure`: the start of a change, before the detector can fit it; its `onset` is the first
-    point that left), or
-  - the detector finds a change that stands out of the series' noise and has not yet ended (or
-    has ended too recently to be sure of) in two looks in a row (its `onset`: the fitted curve's
-    10% point so far).
-  Later looks that find the same change (by either test, within `SAME` of its span from its
-  onset to the last look that found it) keep it pending; a change already confirmed does so only
-  for an onset that began by the first logged step past its end (`_after`), and a departure
-  that began after a confirmed transition's end does so only for an onset that began after it
-  too (`_apart`: on induction_2l, the induction bump in `val/acc` is then said at its start, not
-  taken for the slow rise before it).
-- `confirmed`: the transition with onset, midpoint, end and magnitude (`Event`), once it has been seen in two looks (the first gives its onset
-  event, unless it had long ended when first found), the run has reached `settle` x its end
-  step and the series has `points_after` more values after its end, without a departure in
-  its direction from one of them on (`_moving_on`); at the end of training, every transition
-  found. A transition found again is the confirmed one while one's midpoint lies within the
-  other's span (`_refit`); with more than `GROWN` times the magnitude it is a new one (the
-  start of a change can look finished before the rest of it comes), and so is one that
-  follows it.
-- `withdrawn`: an onset that no confirmed transition took up: when the run has reached
-  `WITHDRAW` x the last step at which a detector's look found it (`reason`: "not found
-  again"), or at the end of training ("training ended": every onset still pending then,
-  including one that later looks kept finding as a transition already confirmed; a validation
-  at the last step has no look of its own, as the final look follows it).
-
-While an onset is pending (`dense_now(trainer)`), the checkpoints and the probes of the shared
-schedule also run at the steps of a denser log-spaced grid (`dense_count` points over the
-run: 200 put ~8 between a step and 1.4 x it; adaptive resolution, `ProbeRunner` and
-`ScheduledCheckpoints`), for at most `dense_for` x the onset's step: the cheap probes and
-those that log a series in transition, and all of them while a series that no probe logs
-(the loss, the accuracy) is in transition (`dense_probes`).
-What was reported is kept in checkpoints, so a resumed run does not report it again.
+At every `every_n_validations`-th validation it runs the detector and the departure test on the
+series logged so far (all but the probes' detail keys), each on its scale (`phases.scale`), and
+reports each change in stages (`phases.events.Event` with `stage` and `detected_at`): `onset`
+(under way), `confirmed` (settled: the run at `settle` x its end, `points_after` values after
+it, found in two looks) or `withdrawn` (an onset no transition took up). Every event goes to the
+loggers that record events (the run folder's events, W&B); the console gets the confirmed
+transitions of headline keys that are not trivially small (all events with `verbose`), clear of
+the progress bar (`callbacks.console.say`). While an onset is pending, checkpoints and probes
+also run on a denser log-spaced grid (`dense_now`, `dense_metrics`, `dense_probes`: adaptive
+resolution). State is kept in checkpoints, so a resumed run reports nothing twice. The rules
+(same change, refits, withdrawal, what is dense): docs/phases.md, "Watching live".
 """
 
 from __future__ import annotations
