@@ -20,13 +20,14 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 
-from phasewatch.loggers.run_folder import log_event, logged_series
+from phasewatch.loggers.run_folder import log_event, logged_series, run_folder
 from phasewatch.callbacks.console import say
 from phasewatch.callbacks.schedule import Schedule
-from phasewatch.probes.keys import declared_scale, headline_keys, is_detail
+from phasewatch.probes.keys import declared_scale, headline_keys, is_detail, stage_rules
 from phasewatch.phases.detector import DECADE_CHANGE, TOGETHER, departure, detect_transitions, together
 from phasewatch.phases.events import Event
 from phasewatch.phases.scale import LOG, watch_scale
+from phasewatch.phases.stages import Stage, detect_stages, write_stages
 from phasewatch.errors import require, require_int
 from phasewatch.rundir import is_number
 
@@ -153,6 +154,9 @@ class TransitionWatcher(pl.Callback):
         self._validations = 0
         self._looked: dict[str, int] = {}  # series -> its number of points when last looked at
         self._departed: dict[str, int] = {}  # ... when the departure test last looked at it
+        self._fits_under_way: dict[str, list[dict]] = {}  # series -> the detector's changes not yet confirmed (last look)
+        self.stages: list[Stage] = []  # the run's stages so far (`stage_news`)
+        self._said: dict[int, str] = {}  # stage id -> what was said of it: "begins" or "confirmed"
 
     # --- when ---------------------------------------------------------------------
 
@@ -196,7 +200,43 @@ class TransitionWatcher(pl.Callback):
             if self.verbose or self._worth_saying(event, series):
                 say(trainer, _line(trainer, event, series))
             log_event(trainer, event)
+        news = self.stage_news(series, step, final)
+        for what, stage in news:
+            say(trainer, _stage_line(trainer, step, what, stage))
+        if news:
+            folder = run_folder(trainer)
+            if folder is not None:  # the live report's stage timeline (the fit's end writes the final stages)
+                write_stages(folder, [s for s in self.stages if self._said.get(s.id)])
         return new
+
+    def stage_news(self, series: dict, step: int, final: bool = False) -> list[tuple[str, Stage]]:
+        """The run's stages so far (phases/stages.py: of the confirmed transitions and the changes
+        the detector sees under way), kept in `stages` with ids that carry between looks, and what
+        is new to say of them: ("begins", stage) when a stage is first seen, ("confirmed", stage)
+        once every member is a confirmed transition, ("withdrawn", stage) at the end for a stage
+        said to begin that no confirmed stage took up."""
+        confirmed = [e for e in self.reported if e.get("stage") == "confirmed"]
+        under_way = [] if final else [{**e, "under_way": True} for fits in self._fits_under_way.values() for e in fits
+                                       if not self._confirmed(e, series.get(e["metric"], ((), ()))[0])]
+        watched = {k: s for k, s in series.items() if not is_detail(k)}
+        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=self.stages)
+        news = []
+        for stage in self.stages:
+            done = not any(m.get("under_way") for m in stage.members)
+            said = self._said.get(stage.id)
+            if said is None and not done:
+                news.append(("begins", stage))
+                self._said[stage.id] = "begins"
+            elif said != "confirmed" and done:
+                news.append(("confirmed", stage))
+                self._said[stage.id] = "confirmed"
+        if final:
+            current = {s.id for s in self.stages}
+            for stage_id, said in list(self._said.items()):
+                if said == "begins" and stage_id not in current:
+                    news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
+                    self._said[stage_id] = "withdrawn"
+        return news
 
     def _worth_saying(self, event: dict, series: dict) -> bool:
         """Printed without `verbose`: a confirmed transition of a headline key that moved the
@@ -228,6 +268,8 @@ class TransitionWatcher(pl.Callback):
             if due:
                 self._looked[key] = len(steps)
             found = detect_transitions(steps, values, key, in_progress=not final, scale=scale) if due else None
+            if found is not None:
+                self._fits_under_way[key] = [e for e in found if not self._confirmed(e, steps)]
             if found is not None or left is not None:
                 new += self._judge(key, steps, found, step, final, left)
         for event in new:
@@ -318,7 +360,9 @@ class TransitionWatcher(pl.Callback):
         """Everything a look depends on, so that a resumed run looks, reports and densifies as
         the uninterrupted one would."""
         return {"reported": self.reported, "pending": self.pending, "validations": self._validations,
-                "candidates": self._candidates, "looked": self._looked, "departed": self._departed}
+                "candidates": self._candidates, "looked": self._looked, "departed": self._departed,
+                "under_way": self._fits_under_way, "stages": [s.to_dict() for s in self.stages],
+                "said": {str(k): v for k, v in self._said.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reported = list(state_dict.get("reported", []))
@@ -327,6 +371,9 @@ class TransitionWatcher(pl.Callback):
         self._candidates = dict(state_dict.get("candidates", {}))
         self._looked = dict(state_dict.get("looked", {}))
         self._departed = dict(state_dict.get("departed", {}))
+        self._fits_under_way = dict(state_dict.get("under_way", {}))
+        self.stages = [Stage.from_dict(s) for s in state_dict.get("stages", [])]
+        self._said = {int(k): v for k, v in state_dict.get("said", {}).items()}
 
 
 def _levels(event: dict, series: dict) -> tuple[float, float]:
@@ -352,6 +399,19 @@ def _line(trainer: pl.Trainer, event: dict, series: dict) -> str:
     before, after = _levels(event, series)
     return (f"phasewatch: {at}: transition in {metric} ({direction}) from step {event['onset']} to {event['end']}, "
             f"midpoint {event['midpoint']}: {before:.3g} -> {after:.3g}{' (log scale)' if event.get('scale') == LOG else ''}")
+
+
+def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage) -> str:
+    """The console line of a stage's news (`TransitionWatcher.stage_news`)."""
+    at = f"{trainer.member} step {step}" if getattr(trainer, "member", None) else f"step {step}"
+    if what == "begins":
+        others = sorted({m["series"] for m in stage.members} - {stage.lead})
+        name = f" ({stage.name})" if stage.name else ""
+        return (f"phasewatch: {at}: stage {stage.id}{name} begins at step {stage.onset}, led by {stage.lead}"
+                + (f", with {', '.join(others)}" if others else ""))
+    if what == "withdrawn":
+        return f"phasewatch: {at}: stage {stage.id} was said to begin but training ended before it was confirmed"
+    return f"phasewatch: {at}: confirmed {stage.summary()}"
 
 
 def dense_now(trainer: pl.Trainer) -> bool:

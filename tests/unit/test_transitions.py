@@ -753,3 +753,37 @@ def test_a_slow_oscillation_on_a_drop_makes_no_early_changes(seed):
               + rng.normal(0, 0.02, len(steps)))
     (drop,) = detect_transitions(steps, values, "loss")
     assert drop["direction"] == "down" and abs(np.log10(drop["midpoint"] / centre)) < 0.15
+
+
+def test_the_watcher_says_a_stage_as_it_begins_and_once_it_is_confirmed():
+    """Three series of two probes drop together (midpoint 1,000; train/loss, a headline key,
+    among them) and a fourth, non-headline series of a third probe rises alone at 150: looked
+    at every 25 steps, the watcher says one stage begins before its end and confirms it once after
+    it, with the three series and nothing of the lone change; each said once."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+    import phasewatch.probes  # noqa: F401  (the key declarations: headline keys, families)
+
+    steps = np.arange(25, 4001, 25)
+    width = 0.5 / (2 * math.log(9))
+    rng = np.random.default_rng(0)
+    drop = 1 - sigmoid_in_log_steps(steps, 1000, width)
+    curves = {"train/loss": 1 + 2 * drop, "val/loss": 2 + 3 * drop, "grok/gini_embed": 0.8 - 0.4 * drop,
+              "icl/second_copy_loss": 0.3 + 0.2 * sigmoid_in_log_steps(steps, 150, width)}
+    curves = {k: v + rng.normal(0, 0.01, len(steps)) for k, v in curves.items()}
+    watcher, news = TransitionWatcher(), []
+    for now in steps:
+        keep = steps <= now
+        final = now == steps[-1]
+        watcher.update({k: (steps[keep], v[keep]) for k, v in curves.items()}, int(now), final=final)
+        news += [(int(now), what, stage) for what, stage in
+                 watcher.stage_news({k: (steps[keep], v[keep]) for k, v in curves.items()}, int(now), final)]
+    said = [(what, stage.id) for _, what, stage in news]
+    assert len(set(said)) == len(said), said  # each said once
+    (stage,) = watcher.stages
+    assert {m["series"] for m in stage.members} == {"train/loss", "val/loss", "grok/gini_embed"}
+    assert 500 <= stage.midpoint <= 1500
+    begins = [now for now, what, s in news if what == "begins" and s.id == stage.id]
+    confirmed = [now for now, what, s in news if what == "confirmed" and s.id == stage.id]
+    assert begins and begins[0] < stage.end, news
+    assert confirmed and stage.end < confirmed[0] <= 1.5 * stage.end, news
+    assert not [n for n in news if n[1] == "withdrawn"]
