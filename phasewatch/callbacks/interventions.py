@@ -1,33 +1,9 @@
-"""Interventions during training, each one config entry (`interventions.items`).
-
-    interventions:
-      items:
-        - {kind: freeze, component: L0H1, start: 0, end: 1000}      # weights kept as they are
-        - {kind: ablate, component: L0.attn, mode: zero, start: 500, end: 800}
-        - {kind: ablate, component: L1H2, mode: mean, start: 0, end: 3000}
-        - {kind: reinit, component: L0.mlp, step: 1200, seed: 1}
-
-- `freeze`: the component's weights are restored after every optimizer step in
-  [start, end), so they stay bit-identical (AdamW's weight decay and momentum included).
-- `ablate`: while the step is in [start, end), the component's output (a head's z, a
-  layer's attention output, an MLP's output) is replaced by zeros (`mode: zero`) or by
-  its mean over the batch at each position (`mode: mean`), in training and validation
-  alike, through a forward hook on the model.
-- `reinit`: at `step`, the component's weights are drawn again from the model's own
-  initialisation (a fresh model of the same architecture with `seed`); the optimizer's
-  moments for them are not reset.
-
-- `aux_loss`: while the step is in [start, end), `weight` x a progress measure of
-  modular addition (`measure`: excluded_loss or restricted_loss, both on the training
-  pairs; probes/grokking.py: training_measure) is added to the training loss; logged as
-  `train/aux/<measure>` (weight included; 0 outside the window) beside `train/task_loss`. A negative weight
-  pushes the measure up (e.g. -0.1 on excluded_loss works against the Fourier circuit).
-
-Components: `L<l>H<h>` (a head), `L<l>.attn`, `L<l>.mlp`; `embed`, `pos_embed`, `unembed`
-(freeze and reinit only). Steps count optimizer updates, like the run's `step`.
-The list is written to the run folder (`RunFolder.interventions`) and drawn on the report's time
-axis. Invalid entries stop the run before training (ConfigError).
-"""
+"""Interventions during training, each one config entry (`interventions.items`): `freeze`,
+`ablate` (zero or mean), `reinit` and `aux_loss` of a component (`L<l>H<h>`, `L<l>.attn`,
+`L<l>.mlp`, `embed`, `pos_embed`, `unembed`) over a window of optimizer steps. The list is
+written to the run folder and drawn on the report's time axis; invalid entries stop the run
+before training (ConfigError). What each kind does, exactly: docs/interventions.md ("The
+entries, in full")."""
 
 from __future__ import annotations
 

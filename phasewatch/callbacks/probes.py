@@ -1,25 +1,10 @@
-"""Run probes during training and hand their values to every logger.
-
-A thin adapter: the measurements live in `phasewatch.probes`. Probes run on their
-schedule (log-spaced by default) at the start of the step, when the weights are those
-after `step` updates and everything earlier has been logged; cheap probes also run at
-every validation. While the transition watcher has an onset pending (adaptive resolution,
-callbacks/transitions.py), the probes of the shared schedule, cheap ones included, also run
-at the steps of its dense grid: the cheap ones and those that log a series in transition,
-and all of them while one that no probe logs is (the loss, the accuracy: `dense_probes`);
-with a `budget` (e.g. 0.1), such an extra run happens only while the probes' time so far,
-with this run, stays within that share of the run's other time so far (the probes' cost is
-measured as the run goes: their first run, which compiles and caches, is not counted).
-Without one (the default) a run is reproducible: which extra steps a budget leaves out
-depends on how fast the machine is. Probes on a schedule of their own (the LLC: costly) keep it.
-Scalars go to every logger under the step; arrays are saved in the run folder
-(`RunFolder.save_array`). Sets that probes report and declare as tracked (the grokking
-key frequencies, the induction / previous-token heads, the composing head pairs) are
-followed over time (`history`), printed when they change ("when did the induction circuit
-form, and from which heads?"), and kept in checkpoints so they survive a resume. Probes
-that compare with the run's initialisation (`Probe.initial`) get a copy of the weights at
-step 0, which checkpoints also keep.
-"""
+"""Run probes during training and hand their values to every logger (a thin adapter: the
+measurements live in `phasewatch.probes`). Probes run on their schedule (log-spaced by
+default) at the start of a step, cheap ones also at every validation, and more densely while
+the transition watcher has an onset pending (adaptive resolution; `budget` bounds its cost).
+Scalars go to every logger, arrays to the run folder; tracked sets (key frequencies, heads,
+head pairs) are followed over time and their changes printed; all of it survives a resume.
+When exactly probes run: docs/phases.md ("When probes run")."""
 
 from __future__ import annotations
 

@@ -1,39 +1,10 @@
-"""The diff of two models of the same structure: which components differ, and which of
-them carry the difference in what the models do.
-
-Use it on the same run before and after a phase transition, or on two seeds of one
-configuration (`phasewatch diff`, cli/diff.py). For every component (`embed`,
-`pos_embed`, each head `L<l>H<h>`, each layer's `L<l>.attn` and `L<l>.mlp`, `unembed`) and
-every residual-stream site (`resid_pre.L<l>`, `resid_final`), `model_diff` measures, on a
-sample of the task's held-out data (at most `per_length` sequences of each held-out batch,
-spread evenly over it):
-
-- weights: `weight_abs` = ||W_B - W_A||_F over the component's parameters (a head's rows of
-  W_Q, W_K, W_V and their biases and its columns of W_O; a layer's attention or MLP with
-  its norm; the unembedding with the final norm), `weight_rel` = that / ||W_A||_F; for
-  heads also the QK circuit W_Q W_K^T and the OV circuit W_V W_O (d_model x d_model, the
-  circuits of Elhage et al. 2021), `qk_abs`, `qk_rel`, `ov_abs`, `ov_rel`;
-- activations: `act_rms` = the root mean square over sequences, positions and d_model of
-  the output's difference (a head's output is z_h W_O^h, its write into the residual
-  stream without b_O), `act_rel` = ||out_B - out_A||_F / ||out_A||_F;
-- direct logit attribution (`dla_a`, `dla_b`, `dla_diff` = B - A): the component's output,
-  through the final norm with its scale frozen at the model's own (TransformerLens's
-  `apply_ln_to_stack`), read by the unembedding at the correct answer token, averaged over
-  the answer positions. Over embed, pos_embed, every head, every layer's b_O (`L<l>.attn_bias`)
-  and every MLP it sums to the correct token's logit minus the final norm's bias term;
-- activation patching (`patch_b_into_a`): A run with this component's output replaced by
-  B's on the same input (a head's: z_h W_O^h, swapped in its layer's attention output) (for `unembed`: A's final residual stream read by B's final norm
-  and unembedding), and the share of the loss gap it recovers, (loss_A - loss_patched) /
-  (loss_A - loss_B); `patch_a_into_b` the same from A into B. Undefined (None) when the
-  two losses are within 1e-6 of each other. `patched_loss_a` and `patched_loss_b` are the
-  patched losses themselves: read them rather than the shares when the gap is small (two
-  seeds that both solve the task), where any patch moves the loss by many times the gap. Patching embed, pos_embed, every layer's
-  attention and MLP and the unembedding together gives B's logits exactly.
-
-Also the per-sequence loss in A and B (mean over its answer positions) and the sequences
-whose loss changed most. Losses are cross-entropy in float64 over the answer positions,
-as `val/loss`.
-"""
+"""The diff of two models of the same structure (`phasewatch diff`, cli/diff.py): for every
+component (embed, pos_embed, each head, each layer's attention and MLP, unembed) and residual
+site, on a sample of held-out data, `model_diff` measures the difference of the weights (and
+of a head's QK and OV circuits), of the activations, direct logit attribution in each model,
+and activation patching both ways with the share of the loss gap it recovers; also the
+per-sequence losses and the sequences that changed most. Every quantity's definition:
+docs/diff.md ("What model_diff measures")."""
 
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
 """Grokking progress measures of Nanda et al. 2023 ("Progress measures for grokking via
-mechanistic interpretability", sections 4-5), for modular addition.
-
-All functions are pure: a model (anything mapping tokens to logits, with TransformerLens
-weight views `W_E`, `W_U`, `W_out` where weights are read) and a ModularAddition task in,
-numbers out. The modulus p must be an odd prime (the Fourier story needs it); other p
-raise ConfigError.
-
-Definitions (docs/reference.md):
-- Fourier basis: orthonormal p x p; row 0 constant / sqrt(p); rows 2k-1, 2k the
-  normalised cos and sin of frequency k = 1..(p-1)/2.
-- Key frequencies: the frequencies carrying more than `KEY_FACTOR` times the uniform
-  share of the Fourier-component norm of the neuron-logit map W_L = W_U^T W_out. The
-  probe's option `key_freqs` says whose: each checkpoint's own (the default, and what the
-  live curves of `fit` use), a given list, or "final", those of a finished run's last
-  checkpoint at every checkpoint (the paper's choice, and `phasewatch analyze`'s default;
-  `final_options`). A set that changes between checkpoints makes the restricted and
-  excluded losses jump there; a fixed set does not.
-- Restricted loss: the logits over all p^2 inputs projected onto the directions
-  cos(w(a+b)), sin(w(a+b)) of the key frequencies, plus their per-class mean (what a
-  constant shift of each output class does), cross-entropy on the test set.
-- Excluded loss: the logits with those directions removed, cross-entropy on the
-  training set.
-- Gini coefficients (Hurley-Rickard) of the Fourier-component norms of W_E and W_L.
-- Total sum of squared weights.
-"""
+mechanistic interpretability", sections 4-5), for modular addition: the Fourier basis, key
+frequencies, restricted and excluded loss, Gini coefficients, the sum of squared weights.
+All functions are pure (a model with TransformerLens weight views and a ModularAddition task
+in, numbers out); p must be an odd prime (ConfigError otherwise). The definitions as
+implemented: docs/reference.md ("The grokking probe, as implemented")."""
 
 from __future__ import annotations
 

@@ -1,31 +1,9 @@
-"""Head detectors that need no tokenizer (Olsson et al. 2022, "In-context Learning and
-Induction Heads"; Elhage et al. 2021), on generated repeated random tokens.
-
-Each score is computed from attention patterns on `BOS + L random tokens + the same L
-tokens` (L = `rep_len`, default as long as the context allows, at most 20):
-
-- previous-token score: mean attention from position i to i-1, over i >= 1.
-- duplicate-token score: attention mass on earlier positions holding the same token,
-  averaged over the queries that have such a position.
-- induction score (standard, not TransformerLens's `detect_head` "mul" normalisation):
-  the mean of the pattern's stripe at offset 1-L, over the L+2 queries it covers. A
-  perfect induction head, which attends BOS where the first copy has no earlier match,
-  scores (L+1)/(L+2).
-- copying score of the full OV circuit W_E W_V W_O W_U: sum of its eigenvalues' real
-  parts over the sum of their magnitudes (1: copies its input, -1: suppresses it).
-- induction mechanism, from the weights (`induction_mechanism_scores`): `token_k`, how much
-  a head's keys read token identities moved by an earlier head (the classic circuit,
-  K-composition with a previous-token head), and `position_q`, how much its queries read
-  positions moved by an earlier head (pointer arithmetic); an induction head whose
-  `position_q` exceeds its `token_k` is a pointer-arithmetic head (`pointer_heads`).
-- in-context-learning gap `icl/loss_gap` = loss on the second copy minus loss on the
-  first (tokens 2..L of each copy): negative when the model uses the context.
-
-Keys: `heads/<prev_token,duplicate,induction,copying,token_k,position_q>/L<l>H<h>`, `heads/<type>/max`,
-`icl/loss_gap`, `icl/first_copy_loss`, `icl/second_copy_loss`, and per kind the number of heads above its threshold
-(`heads/<type>/count`, and `heads/pointer/count` of the pointer-arithmetic induction heads); arrays: the [layer, head]
-score matrices and the labels of the heads above threshold (`<type>_heads`, `pointer_heads`).
-"""
+"""Head detectors that need no tokenizer (Olsson et al. 2022; Elhage et al. 2021), on
+generated repeated random tokens: previous-token, duplicate-token, induction and copying
+scores per head, the induction mechanism from the weights (token_k, position_q, pointer
+heads) and the in-context-learning gap. Keys: `heads/<type>/L<l>H<h>`, `heads/<type>/max`,
+`heads/<type>/count`, `icl/...`; arrays: the score matrices and the heads above threshold.
+The definitions as implemented: docs/reference.md ("The heads probe, as implemented")."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""Cross-run table: each run's hyperparameters and the steps of its phase transitions.
-
-    phasewatch compare runs/sweep-grokking            # a sweep folder
-    phasewatch compare runs/a runs/b runs/c [--keys val/acc icl/loss_gap] [--out DIR/compare]
-    phasewatch compare runs/population                # a population's members (m00, m01, ...)
-
-Use it after a sweep to read off, e.g., the grokking step per weight decay and training
-fraction. Hyperparameters are a sweep's parameters (from its state file), or else
-every config value that differs between the runs given. Transitions are detected
-offline on each run's full metrics (phases/detector.py, the detector
-`phasewatch phases` uses) in the headline keys the probes declare (probes/keys.py), or in
-`--keys`; a cell holds the midpoint step of the largest transition of that series in that
-direction, empty when there is none. Writes `<out>.csv` and
-`<out>.png` (one panel per transition: step against the first swept parameter, one
-colour per value of the second; seeds are never an axis). Runs that differ only in seeds (a
-population's members, `phasewatch fit --population.seeds`; a sweep's seeds) are samples of one
-distribution: compare adds, per group, rows of the median, quartiles and extremes of each
-transition step (`distributions`), and when only seeds vary the plot is a box and strip per
-transition. Fails with a clear error when a folder holds no run.
-"""
+"""Cross-run table (`phasewatch compare`): each run's hyperparameters and the midpoint steps of
+its headline transitions (detected offline, phases/detector.py), for a sweep folder, a
+population or runs given one by one; runs that differ only in seeds are grouped into
+distributions (median, quartiles, extremes). Writes `<out>.csv` and `<out>.png`. Details:
+docs/report.md ("Comparing runs")."""
 
 from __future__ import annotations
 

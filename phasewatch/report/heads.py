@@ -1,23 +1,8 @@
-"""The per-head catalogue: at every step where a probe scored heads, a row for each head
-with every score that classifies it (seed problem 6.26: "a row for each head and a column
-for each metric").
-
-Read from the run folder's metrics and arrays, whatever probes ran (built-in or plug-ins):
-
-- a key with one head segment `L<l>H<h>` is that head's score, in the column named by the
-  key without the segment: `heads/induction/L1H2` -> `heads/induction`,
-  `ablation/L0H1/acc` -> `ablation/acc` (the accuracy with the head mean-ablated);
-- a key with a head pair `L<a>H<b>-L<c>H<d>` (composition: writer, then reader) gives the
-  writer's `<prefix>/out` and the reader's `<prefix>/in`, each the largest over its
-  partners: `comp/k/L0H1-L1H2` -> `comp/k/out` of L0H1 and `comp/k/in` of L1H2;
-- the tracr probe's `attn_match` array [compiled head, layer, head] gives each learned
-  head's best match with any compiled head (`tracr/attn_match`); its scalar keys
-  `tracr/attn_match/<compiled head>` name heads of the compiled model and are left out.
-
-`write_head_catalogue` writes `heads.csv` (columns step, head, then the scores in sorted
-order; a score a probe did not compute at a step is empty); the report draws the same
-table as a heads x scores heatmap with a slider over steps (`catalogue_array`).
-"""
+"""The per-head catalogue: at every step where a probe scored heads, a row for each head with
+every score that classifies it, read from the run folder's metrics and arrays whatever probes
+ran. `write_head_catalogue` writes it to the run folder; the report draws it as a heads x
+scores heatmap with a slider over steps (`catalogue_array`). How keys become columns:
+docs/diff.md ("How probe keys become the catalogue's columns")."""
 
 from __future__ import annotations
 
