@@ -250,6 +250,7 @@ def test_a_wandb_failure_does_not_stop_the_analysis(tmp_path, monkeypatch):
     assert list(read_jsonl(run / "analyses.jsonl"))[-1]["wandb_id"] is None
 
 
+@pytest.mark.slow  # about a minute of CPU: CI time (runs with --runslow)
 def test_probes_get_the_runs_configured_options_under_those_given(trained, tmp_path):
     """A run whose config sets probe options (e.g. an LLC step size calibrated for its
     model) is analysed with them; --options overrides single settings."""

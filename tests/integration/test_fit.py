@@ -144,7 +144,8 @@ def uninterrupted(tmp_path_factory):
     return list(read_jsonl(run / "metrics.jsonl"))
 
 
-@pytest.mark.parametrize("signum,status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum,status", [(signal.SIGTERM, 143),  # Ctrl-C takes the same path: slow-marked (CI time)
+                                           pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
 def test_a_stopped_run_says_so_and_how_to_resume_it(tmp_path, uninterrupted, signum, status):
     """SIGTERM (a scheduler's, `kill`) or Ctrl-C mid-run: the status a shell gives a command
     killed by that signal, not 0; one line with the step and the resume command; last.ckpt at
