@@ -60,7 +60,7 @@ def _what_happened(store) -> list[str]:
 
         stages = read_stages(store)
         if stages:
-            return [f"  stage {i}: {stage.summary()}" for i, stage in enumerate(stages, 1)]
+            return [f"  {stage.summary()}" for stage in stages]
     headline = set(keys.headline_keys())
     found = [e for e in store.transitions() if e.get("metric") in headline]
     lines = [f"  {e['metric']} {e.get('direction', '')} from step {e.get('onset')} to {e.get('end')} "
