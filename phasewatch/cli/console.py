@@ -62,10 +62,11 @@ def _what_happened(store) -> list[str]:
         if stages:
             return [f"  {stage.summary()}" for stage in stages]
     headline = set(keys.headline_keys())
-    found = [e for e in store.transitions() if e.get("metric") in headline]
+    transitions = store.transitions()
+    found = [e for e in transitions if e.get("metric") in headline]
     lines = [f"  {e['metric']} {e.get('direction', '')} from step {e.get('onset')} to {e.get('end')} "
              f"(midpoint {e.get('midpoint')})" for e in sorted(found, key=lambda e: e.get("midpoint", 0))]
-    total = len(store.transitions())
+    total = len(transitions)
     if total > len(found):
         lines.append(f"  {total} transitions in all series: phasewatch phases {store.root} --series")
     return lines or ["  no transition found in the headline series (train/val loss and accuracy)"]
