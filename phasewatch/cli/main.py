@@ -47,43 +47,43 @@ def _lightning_cli(argv: list[str]) -> int:
 
     quiet_libraries()
     try:
-        store = run_lightning_cli(argv)
+        folder = run_lightning_cli(argv)
     except Interrupted as stop:
         import signal
 
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores Ctrl-C after the first
         try:
-            _finish_fit(stop.store, interrupted=True)
+            _finish_fit(stop.folder, interrupted=True)
         except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the line below matters more
             print(f"phasewatch: the report of the interrupted run was not written ({err!r})", file=sys.stderr)
         print(f"phasewatch: {stop.line()}", file=sys.stderr)
         return stop.status
-    if store is not None:
-        _finish_fit(store)
+    if folder is not None:
+        _finish_fit(folder)
     return 0
 
 
-def _finish_fit(store, interrupted: bool = False) -> None:
+def _finish_fit(folder, interrupted: bool = False) -> None:
     """The figures and reports drawn once a fit has ended: each run's trajectory and report,
     and a population's report (a population's folder holds its members' runs)."""
     from phasewatch.rundir import run_folders
 
     from phasewatch.cli.console import fit_summary, max_steps_of
 
-    for run in [store] if store.metrics.exists() else run_folders(store.root):
+    for run in [folder] if folder.metrics.exists() else run_folders(folder.root):
         _record_stages(run)
         _draw_trajectory(run, always=interrupted)
-    if not store.metrics.exists() and run_folders(store.root):
+    if not folder.metrics.exists() and run_folders(folder.root):
         from phasewatch.report.population import write_population_report
         from phasewatch.rundir import format_size
 
-        print(f"phasewatch: population report {write_population_report(store.root)} "
-              f"(folder {format_size(store.size_bytes())})")
-    elif not interrupted and store.metrics.exists():
-        print("\n".join(fit_summary(store, max_steps_of(store))))
+        print(f"phasewatch: population report {write_population_report(folder.root)} "
+              f"(folder {format_size(folder.size_bytes())})")
+    elif not interrupted and folder.metrics.exists():
+        print("\n".join(fit_summary(folder, max_steps_of(folder))))
 
 
-def _record_stages(store) -> None:
+def _record_stages(folder) -> None:
     """The run's stages (phases/stages.py), from its finished series, into its folder for the
     report and the summary: what `phasewatch phases RUN` prints."""
     import phasewatch.probes  # noqa: F401  (the probes' key declarations: scales, signatures)
@@ -91,12 +91,12 @@ def _record_stages(store) -> None:
     from phasewatch.probes.keys import stage_rules
 
     try:
-        record_stages(store, stage_rules())
+        record_stages(folder, stage_rules())
     except (OSError, ValueError) as err:  # the report and the summary go on without stages
         print(f"phasewatch: the run's stages were not written ({err!r})", file=sys.stderr)
 
 
-def _draw_trajectory(store, always: bool = False) -> None:
+def _draw_trajectory(folder, always: bool = False) -> None:
     """The run's trajectory through its checkpoints (cli/trajectory.py), drawn once a
     fit has ended, and the run's report written again with it (`always`: whether drawn or not,
     e.g. after an interrupted fit, whose last report was a live one)."""
@@ -105,12 +105,12 @@ def _draw_trajectory(store, always: bool = False) -> None:
     from phasewatch.cli.trajectory import current_trajectory
 
     try:
-        drawn = current_trajectory(store.root)
+        drawn = current_trajectory(folder.root)
     except ConfigError as err:  # e.g. a config naming classes that may not be rebuilt
         print(f"phasewatch: no checkpoint trajectory: {err}", file=sys.stderr)
         drawn = None
-    if (drawn is not None and store.report.exists()) or (always and store.metrics.exists()):
-        write_report(store.root)
+    if (drawn is not None and folder.report.exists()) or (always and folder.metrics.exists()):
+        write_report(folder.root)
 
 
 def list_tasks() -> None:

@@ -125,8 +125,8 @@ class PhasewatchCLI(LightningCLI):
                               "Set e.g. --trainer.max_steps 3000 (phasewatch's schedules need a finite run).")
         resuming = cfg.get("ckpt_path") is not None
         run_dir = cfg.get("run_dir") or default_run_dir(task.name)
-        store = RunFolder(run_dir)
-        if store.has_run() and not resuming and self.subcommand == "fit":
+        folder = RunFolder(run_dir)
+        if folder.has_run() and not resuming and self.subcommand == "fit":
             raise ConfigError("run_dir", f"{run_dir} already holds a run",
                               f"Resume it with --run_dir {run_dir} --ckpt_path last, or choose another --run_dir.")
         probe_cb = self._get(self.config_init, "probes")
@@ -137,10 +137,10 @@ class PhasewatchCLI(LightningCLI):
         if self._options_given:  # a config may carry options for later (`analyze --probes llc`); a flag may not
             check_options(probe_cb.options, "probes.options", running=list(probe_cb.names))
         cfg.probes.names = list(probe_cb.names)
-        store.create()
-        store.acquire_lock()
+        folder.create()
+        folder.acquire_lock()
         ckpt_cb = self._get(self.config_init, "checkpoints")
-        ckpt_cb.dirpath = str(store.checkpoints)
+        ckpt_cb.dirpath = str(folder.checkpoints)
         # record what the run really uses, not "default" placeholders
         cfg.run_dir = str(run_dir)
         cfg.model.arch = Namespace(**dataclasses.asdict(self.model.arch))
@@ -156,14 +156,14 @@ class PhasewatchCLI(LightningCLI):
             # a quiet bar: about 100 refreshes per run, at most every 50 steps
             refresh = max(1, min(50, (trainer_cfg.get("max_steps") or 0) // 100))
             kwargs.setdefault("callbacks", [TrainingProgressBar(refresh_rate=refresh)])
-        kwargs.setdefault("default_root_dir", str(store.root))
-        self.store = store
+        kwargs.setdefault("default_root_dir", str(folder.root))
+        self.folder = folder
         if (cfg.get("population") or {}).get("seeds") is not None:
-            return self._population_trainer(cfg, store, kwargs)
-        loggers = [RunFolderLogger(store, name)]
+            return self._population_trainer(cfg, folder, kwargs)
+        loggers = [RunFolderLogger(folder, name)]
         if cfg.get("wandb") and self.subcommand == "fit":
             step = self._resume_step(cfg)
-            wandb_logger = make_wandb_logger(store, name, cfg.get("wandb_project"), self.config_dump_dict(), step)
+            wandb_logger = make_wandb_logger(folder, name, cfg.get("wandb_project"), self.config_dump_dict(), step)
             if wandb_logger is not None:
                 loggers.append(wandb_logger)
         kwargs.setdefault("logger", loggers)
@@ -179,7 +179,7 @@ class PhasewatchCLI(LightningCLI):
             return self._resumed[1]
         return read_checkpoint(cfg.ckpt_path, resume=True)["global_step"]
 
-    def _population_trainer(self, cfg: Namespace, store: RunFolder, kwargs: dict[str, Any]):
+    def _population_trainer(self, cfg: Namespace, folder: RunFolder, kwargs: dict[str, Any]):
         """The trainer of `--population.seeds`: every member built by this parser from its own
         config (training/population.py), trained as one PopulationModule."""
         from phasewatch.rundir import member_name
@@ -187,29 +187,29 @@ class PhasewatchCLI(LightningCLI):
                                                     parse_seeds)
 
         seeds = parse_seeds(cfg.population.seeds)
-        self._refuse_for_population(cfg, store)
+        self._refuse_for_population(cfg, folder)
         vary = cfg.population.vary_data
         if vary is None:
             vary = not self.datamodule.task.full_batch
-        members = build_members(self._parser(self.subcommand), self.config_dump_dict(), seeds, vary, store.root,
-                                self._member_loggers(cfg, store))
+        members = build_members(self._parser(self.subcommand), self.config_dump_dict(), seeds, vary, folder.root,
+                                self._member_loggers(cfg, folder))
         self.model = PopulationModule(members.modules, shared_data=not vary)
         self.datamodule = PopulationData(members.data, shared=not vary)
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         trainer_config["callbacks"] = [*(trainer_config.get("callbacks") or []),
                                        MemberCallbacks(members.callbacks, members.loggers, members.roots,
-                                                       store.last_checkpoint)]
+                                                       folder.last_checkpoint)]
         trainer_config.update(logger=False, enable_checkpointing=False)
         print(f"phasewatch: population of {len(seeds)} (seeds {cfg.population.seeds}), members in "
-              f"{store.root}/{member_name(0)} ... {member_name(len(seeds) - 1)}")
+              f"{folder.root}/{member_name(0)} ... {member_name(len(seeds) - 1)}")
         return self.trainer_class(**trainer_config)
 
-    def _refuse_for_population(self, cfg: Namespace, store: RunFolder) -> None:
+    def _refuse_for_population(self, cfg: Namespace, folder: RunFolder) -> None:
         """ConfigError for what a population cannot do (training/population.py)."""
         from phasewatch.rundir import member_name
 
         refuse = [("population.seeds", self.subcommand != "fit", f"{self.subcommand} takes one run, not a population",
-                   f"Give it one member's config instead: --config {RunFolder(store.root / member_name(0)).config}."),
+                   f"Give it one member's config instead: --config {RunFolder(folder.root / member_name(0)).config}."),
                   ("interventions", bool(self._get(self.config_init, "interventions").items),
                    "a population takes no interventions", "Train the seeds one by one with --interventions."),
                   ("model.on_nonfinite", self.model.hparams.on_nonfinite == "skip",
@@ -225,16 +225,16 @@ class PhasewatchCLI(LightningCLI):
             if bad:
                 raise ConfigError(field, problem, fix)
 
-    def _member_loggers(self, cfg: Namespace, store: RunFolder):
-        """A population member's loggers, `(folder, label, own config) -> [loggers]`: its run
+    def _member_loggers(self, cfg: Namespace, folder: RunFolder):
+        """A population member's loggers, `(member_folder, label, own config) -> [loggers]`: its run
         folder's, and with W&B a run of its own grouped under the population's name."""
         project, step = cfg.get("wandb_project"), self._resume_step(cfg)
-        group = os.environ.get("WANDB_RUN_GROUP") or store.root.name  # a sweep's group, or the population
+        group = os.environ.get("WANDB_RUN_GROUP") or folder.root.name  # a sweep's group, or the population
 
-        def loggers(folder: RunFolder, label: str, own: dict[str, Any]) -> list:
-            out = [RunFolderLogger(folder, label)]
+        def loggers(member_folder: RunFolder, label: str, own: dict[str, Any]) -> list:
+            out = [RunFolderLogger(member_folder, label)]
             if cfg.get("wandb"):
-                wandb_logger = make_wandb_logger(folder, label, project, own, step, group=group)
+                wandb_logger = make_wandb_logger(member_folder, label, project, own, step, group=group)
                 if wandb_logger is not None:
                     out.append(wandb_logger)
             return out
@@ -248,13 +248,13 @@ class PhasewatchCLI(LightningCLI):
         return yaml.safe_load(text)
 
     def before_fit(self) -> None:
-        if not self.store.config.exists():  # a resumed run keeps its original config
-            self._parser(self.subcommand).save(self.config[self.subcommand], self.store.config,
+        if not self.folder.config.exists():  # a resumed run keeps its original config
+            self._parser(self.subcommand).save(self.config[self.subcommand], self.folder.config,
                                                skip_none=False, overwrite=True)
-        print(f"phasewatch: run folder {self.store.root}")
+        print(f"phasewatch: run folder {self.folder.root}")
 
     def after_fit(self) -> None:
-        self.store.release_lock()
+        self.folder.release_lock()
         if getattr(self.model, "nonfinite_step", None) is not None:
             sys.exit(1)  # stopped on a NaN/inf loss: a failure for scripts and sweeps
 
@@ -266,8 +266,8 @@ class PhasewatchCLI(LightningCLI):
         try:
             super().__init__(*args, **kwargs)
         except (SystemExit, KeyboardInterrupt) as err:
-            trainer, store = getattr(self, "trainer", None), getattr(self, "store", None)
-            if trainer is None or store is None or self.subcommand != "fit" or not trainer.interrupted:
+            trainer, folder = getattr(self, "trainer", None), getattr(self, "folder", None)
+            if trainer is None or folder is None or self.subcommand != "fit" or not trainer.interrupted:
                 raise
             if isinstance(err, SIGTERMException) or trainer.received_sigterm:
                 signum = signal.SIGTERM
@@ -275,7 +275,7 @@ class PhasewatchCLI(LightningCLI):
                 signum = signal.SIGINT
             else:
                 raise
-            raise Interrupted(store, trainer.global_step, signum) from None
+            raise Interrupted(folder, trainer.global_step, signum) from None
 
 
 class Interrupted(Exception):
@@ -283,8 +283,8 @@ class Interrupted(Exception):
     what was written, and `phasewatch fit --run_dir <folder> --ckpt_path last` resumes it.
     `status` is the exit status a shell gives a command killed by that signal (143, 130)."""
 
-    def __init__(self, store: RunFolder, step: int, signum: int):
-        self.store, self.step, self.signum = store, step, int(signum)
+    def __init__(self, folder: RunFolder, step: int, signum: int):
+        self.folder, self.step, self.signum = folder, step, int(signum)
         super().__init__(f"interrupted at step {step}")
 
     @property
@@ -295,13 +295,13 @@ class Interrupted(Exception):
         """One line: where it stopped and the command that resumes it (and, when last.ckpt is
         older than the step reached, the step it resumes from)."""
         saved = None
-        if self.store.last_checkpoint.exists():
+        if self.folder.last_checkpoint.exists():
             try:
-                saved = read_checkpoint(self.store.last_checkpoint)["global_step"]
+                saved = read_checkpoint(self.folder.last_checkpoint)["global_step"]
             except ConfigError:
                 saved = None
         line = (f"interrupted at step {self.step}; resume with: "
-                f"phasewatch fit --run_dir {self.store.root} --ckpt_path last")
+                f"phasewatch fit --run_dir {self.folder.root} --ckpt_path last")
         if saved is None:
             return f"interrupted at step {self.step} before its first checkpoint; start it again"
         if saved != self.step:
@@ -427,21 +427,21 @@ def resume_arguments(argv: list[str]) -> tuple[list[str], tuple[str, int] | None
                               "Pass --run_dir runs/<name> together with --ckpt_path last.")
         # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
         return argv, (ckpt, read_checkpoint(ckpt, resume=True)["global_step"]), None
-    store = RunFolder(run_dir)
+    folder = RunFolder(run_dir)
     if _flag_value(argv, "--config") is None and _flag_value(argv, "-c") is None:
-        if not store.config.exists():
-            raise ConfigError("run_dir", f"{store.config} does not exist, so there is no run to resume",
+        if not folder.config.exists():
+            raise ConfigError("run_dir", f"{folder.config} does not exist, so there is no run to resume",
                               "Check the folder name (runs/<name>), or start a new run with --config.")
         # the folder may be someone else's: its config may name only code that is phasewatch's or installed
         untrusted = named_modules(argv)
-        check_trusted(store.read_config(), str(store.config), untrusted, bases=(store.root,),
-                      fix=f"If you trust it, pass --config {store.config} as well, which runs it as given.")
-        argv = argv[:1] + ["--config", str(store.config)] + argv[1:]
+        check_trusted(folder.read_config(), str(folder.config), untrusted, bases=(folder.root,),
+                      fix=f"If you trust it, pass --config {folder.config} as well, which runs it as given.")
+        argv = argv[:1] + ["--config", str(folder.config)] + argv[1:]
     if ckpt == "last":
-        if not store.last_checkpoint.exists():
-            raise ConfigError("ckpt_path", f"{store.last_checkpoint} does not exist",
+        if not folder.last_checkpoint.exists():
+            raise ConfigError("ckpt_path", f"{folder.last_checkpoint} does not exist",
                               "The run saved no checkpoint yet; start it again without --ckpt_path.")
-        ckpt = str(store.last_checkpoint)
+        ckpt = str(folder.last_checkpoint)
         argv = _set_flag(argv, "--ckpt_path", ckpt)
     # refused here, before Lightning loads it, when it is not a phasewatch checkpoint
     return argv, (ckpt, read_checkpoint(ckpt, resume=True)["global_step"]), untrusted
@@ -468,7 +468,7 @@ def run_lightning_cli(argv: list[str]) -> RunFolder | None:
         )
     finally:
         sys.argv = saved_argv
-    return getattr(cli, "store", None) if cli.subcommand == "fit" else None
+    return getattr(cli, "folder", None) if cli.subcommand == "fit" else None
 
 
 
