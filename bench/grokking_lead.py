@@ -1,0 +1,131 @@
+"""The restricted loss's lead over the test loss on grokking runs, read from their run folders.
+
+For each run folder (a population's folder stands for its members), as the report measures it
+(report/html.py `build_report`): the run's confirmed transitions (the live watcher's, from
+events.jsonl; the offline detector's on the watcher's scales when there are none), `lead_lag`
+against `val/loss` (phases/detector.py: the restricted loss's first transition in the same phase
+as a test-loss transition), one row per series (`one_row_per_series`). Printed per run: the
+test loss's confirmed falls, the report's restricted-loss row (its transition, midpoint and onset
+leads), the restricted loss's falls confirmed live after memorisation (train accuracy first
+>= 0.99), each with the step the watcher confirmed it at (`detected_at`; "end" when only the
+last look did), and threshold steps (restricted < 0.1, test < 1); then the leads' distribution
+over runs (min, quartiles, max). Reads the folders only.
+
+    python bench/grokking_lead.py RUN_DIR...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from phasewatch.phases.detector import detect_all, lead_lag
+from phasewatch.probes.keys import declared_scale, is_detail
+from phasewatch.report.html import one_row_per_series
+from phasewatch.report.population import is_population
+from phasewatch.rundir import RunFolder, flatten_config, load_series, run_folders
+
+REFERENCE, RESTRICTED, TRAIN_ACC = "val/loss", "grok/restricted_loss", "train/acc"
+MEMORISED = 0.99  # train accuracy from which the run has memorised its training set
+THRESHOLDS = {RESTRICTED: 0.1, REFERENCE: 1.0}  # the levels docs/grokking.md reads off
+
+
+def members(paths: list[str]) -> list[RunFolder]:
+    """The run folders named, a population's folder replaced by its members."""
+    return [m for p in paths for m in (run_folders(p) if is_population(p) else [RunFolder(p)])]
+
+
+def report_events(folder: RunFolder, series: dict) -> list[dict]:
+    """The transitions the report bands and measures lead/lag on (as `build_report` takes them)."""
+    watched = {k: v for k, v in series.items() if not is_detail(k)}
+    return folder.transitions() or detect_all(watched, declared=declared_scale)
+
+
+def first_step(series: dict, key: str, test) -> int | None:
+    steps, values = series.get(key, ((), ()))
+    return next((int(s) for s, v in zip(steps, values) if test(v)), None)
+
+
+def measure(folder: RunFolder) -> dict:
+    """One run's row (see the module docstring)."""
+    series = load_series(folder.root)
+    events = report_events(folder, series)
+    config = flatten_config(folder.read_config(), fold_init_args=True)
+    last = int(max(series[REFERENCE][0]))
+    row = next((r for r in one_row_per_series(lead_lag(events, REFERENCE)) if r["metric"] == RESTRICTED), None)
+    paired = next((e for e in events if row and e["metric"] == RESTRICTED and e["midpoint"] == row["midpoint"]
+                   and e["direction"] == row["direction"]), None)
+    memorised = first_step(series, TRAIN_ACC, lambda v: v >= MEMORISED)
+    falls = [e for e in events if e["metric"] == RESTRICTED and e["direction"] == "down"]
+    return {
+        "run": str(folder.root), "seed": config.get("seed_everything"), "data_seed": config.get("data.task.seed"),
+        "last": last, "memorised": memorised,
+        "test_falls": [e for e in events if e["metric"] == REFERENCE and e["direction"] == "down"],
+        "row": row, "paired": paired,
+        "circuit_falls": [e for e in falls if memorised is not None and e["midpoint"] > memorised],
+        "below": {k: first_step(series, k, lambda v, bar=bar: v < bar) for k, bar in THRESHOLDS.items()},
+    }
+
+
+def span(e: dict, last: int | None = None) -> str:
+    text = f"{e['onset']}-{e['midpoint']}-{e['end']}"
+    if last is not None and "detected_at" in e:
+        text += f" @{'end' if e['detected_at'] >= last else e['detected_at']}"
+    return text
+
+
+def quartiles(values: list[float]) -> str:
+    if not values:
+        return "none"
+    q = np.percentile(values, [0, 25, 50, 75, 100])
+    return " / ".join(f"{x:.0f}" for x in q)
+
+
+def tables(runs: list[dict]) -> str:
+    """The per-run table and the distribution, as markdown."""
+    out = ["| seed (data) | test loss falls | report's row: restricted loss, against test-loss transition "
+           "| lead, midpoints | lead, onsets | restricted loss's falls after memorisation (step), "
+           "confirmed @step | restricted < 0.1 / test < 1 |", "| --- " * 7 + "|"]
+    for r in runs:
+        row, paired = r["row"], r["paired"]
+        against = (f"{span(paired) if paired else row['midpoint']} vs {REFERENCE} {row['reference_direction']} "
+                   f"mid {row['reference_midpoint']}" if row else "none")
+        out.append(" | ".join([
+            f"| {r['seed']} ({r['data_seed']})", ", ".join(span(e) for e in r["test_falls"]) or "none", against,
+            str(row["lead"]) if row else "", str(row["onset_lead"]) if row else "",
+            f"({r['memorised']}) " + (", ".join(span(e, r["last"]) for e in r["circuit_falls"]) or "none"),
+            f"{r['below'][RESTRICTED]} / {r['below'][REFERENCE]}"]) + " |")
+    rows = [r["row"] for r in runs if r["row"]]
+    ahead = [r for r in runs if r["circuit_falls"] and r["test_falls"]
+             and r["circuit_falls"][0]["onset"] < max(r["test_falls"], key=lambda e: e["magnitude"])["onset"]]
+    live = [r for r in runs if any(e.get("detected_at", r["last"]) < r["last"] for e in r["circuit_falls"])]
+    gaps = [r["below"][REFERENCE] - r["below"][RESTRICTED] for r in runs
+            if None not in r["below"].values()]
+    out += ["", "| over runs | n | min / q1 / median / q3 / max | > 0 |", "| --- | --- | --- | --- |"]
+    for name, values in (("lead, midpoints (report)", [x["lead"] for x in rows]),
+                         ("lead, onsets (report)", [x["onset_lead"] for x in rows]),
+                         ("test < 1 minus restricted < 0.1 (steps)", gaps)):
+        out.append(f"| {name} | {len(values)} of {len(runs)} | {quartiles(values)} | {sum(v > 0 for v in values)} |")
+    out += ["", f"runs with a restricted-loss fall after memorisation confirmed live (before the last step): "
+            f"{len(live)} of {len(runs)}; its first onset before the onset of the test loss's largest fall: "
+            f"{len(ahead)} of {len(runs)}"]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    args = parser.parse_args(argv)
+    folders = members(args.run_dirs)
+    if not folders:
+        print("no run folders in " + ", ".join(args.run_dirs), file=sys.stderr)
+        return 1
+    print(tables([measure(f) for f in folders]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
