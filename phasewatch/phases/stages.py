@@ -46,7 +46,9 @@ class Signature:
     Each entry of `moves` and `absent` is "PATTERN up|down", or several such joined by " | "
     (any of them; a pattern holds no spaces); PATTERN is a regular expression matched in full against a series' key. A
     stage matches when every entry of `moves` is among its members and no entry of `absent` is;
-    `run_has` (a regular expression) limits the signature to runs logging a matching key.
+    `run_has` (a regular expression) limits the signature to runs logging a matching key. A
+    signature names at most one stage of a run; signatures declaring the same `sequence` name
+    stages in their declared order (`assign_names`).
     """
 
     name: str
@@ -54,6 +56,7 @@ class Signature:
     absent: tuple[str, ...] = ()
     run_has: str | None = None
     source: str = ""
+    sequence: str | None = None
 
     def __post_init__(self):
         for entry in self.moves + self.absent:
@@ -270,16 +273,41 @@ def stage_type(onset: int, end: int, series: dict) -> str | None:
     return None
 
 
-def _name(members: list[dict], rules: StageRules, keys: Iterable[str]) -> str | None:
-    """The matched signature's name: of several, the one with most entries; a tie is no name."""
-    moved = {(m["metric"], m["direction"]) for m in members}
+def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable[str] = ()) -> list[str | None]:
+    """The names of a run's stages (each a list of members, in time order), assigned over the
+    whole sequence: each stage takes the name of a signature it matches or none; a signature
+    names at most one stage, and the signatures of one `sequence` name stages in their declared
+    order. Of the assignments, the one naming most stages; of those, the one naming earlier
+    stages, then giving a stage the signature with more `moves` entries, then the one declared
+    first (docs/stages.md, Names)."""
     keys = list(keys)
-    found = [s for s in rules.signatures if s.matches(moved, keys)]
-    if not found:
-        return None
-    most = max(len(s.moves) for s in found)
-    best = [s for s in found if len(s.moves) == most]
-    return best[0].name if len(best) == 1 else None
+    order = {s.name: k for k, s in enumerate(rules.signatures)}
+    sequences = sorted({s.sequence for s in rules.signatures if s.sequence is not None})
+    matched = [[s for s in rules.signatures if s.matches({(m["metric"], m["direction"]) for m in members}, keys)]
+               for members in stages]
+    memo: dict = {}
+
+    def best(i: int, used: frozenset, last: tuple) -> tuple:
+        """(count, named flags, preferences, names) for stages i.. given the names used and the
+        last declared position taken in each sequence."""
+        if i == len(stages):
+            return 0, (), (), ()
+        if (i, used, last) not in memo:
+            count, flags, ranks, names = best(i + 1, used, last)
+            options = [(count, (0,) + flags, ((0, 0),) + ranks, (None,) + names)]
+            for sig in matched[i]:
+                if sig.name in used:
+                    continue
+                slot = sequences.index(sig.sequence) if sig.sequence is not None else None
+                if slot is not None and order[sig.name] <= last[slot]:
+                    continue
+                after = last if slot is None else last[:slot] + (order[sig.name],) + last[slot + 1:]
+                count, flags, ranks, names = best(i + 1, used | {sig.name}, after)
+                options.append((count + 1, (1,) + flags, ((len(sig.moves), -order[sig.name]),) + ranks, (sig.name,) + names))
+            memo[i, used, last] = max(options, key=lambda o: o[:3])
+        return memo[i, used, last]
+
+    return list(best(0, frozenset(), (-1,) * len(sequences))[3])
 
 
 def _midpoint(members: list[dict], series: dict) -> int:
@@ -328,15 +356,16 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     `previous`: the stages of an earlier call, whose ids carry over."""
     rules = rules or StageRules()
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
-    stages = []
-    for k, members in enumerate(_group(usable, series, rules, level), start=1):
+    stages, groups = [], _group(usable, series, rules, level)
+    names = assign_names(groups, rules, list(series) + [e["metric"] for e in usable])
+    for k, (members, name) in enumerate(zip(groups, names), start=1):
         members = sorted(members, key=lambda m: (m["midpoint"], m["metric"]))
         for m in members:
             m["series"], m["size"] = m["metric"], _size(m, series)
         lead = min(members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))
         onset, end = min(m["onset"] for m in members), max(m["end"] for m in members)
         stages.append(Stage(id=k, onset=int(onset), midpoint=_midpoint(members, series), end=int(end), members=members,
-                            lead=lead["series"], name=_name(members, rules, list(series) + [m["metric"] for m in usable]),
+                            lead=lead["series"], name=name,
                             type=stage_type(onset, end, series)))
     if previous is not None:
         _carry_ids(stages, previous)

@@ -186,8 +186,10 @@ def _ce(logits: Float[Tensor, "p p p"], task: ModularAddition, pairs: Tensor) ->
     return float(pair_loss(logits, task.p, pairs))
 
 
-def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None = None) -> dict:
-    """Every grokking progress measure at once, for a 1-layer model.
+def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None = None,
+                      logits: Float[Tensor, "p p p"] | None = None) -> dict:
+    """Every grokking progress measure at once, for a 1-layer model (`logits`: its
+    `all_logits` when computed already, e.g. for a population's members at once).
 
     Keys returned (and logged by the probe callback):
     `grok/restricted_loss`, `grok/excluded_loss`, `grok/excluded_loss/<k>` (only
@@ -207,7 +209,7 @@ def progress_measures(model, task: ModularAddition, key_freqs: list[int] | None 
     spectrum = _pair_frequencies(logit_map_norms)
     freqs = key_frequencies(spectrum) if key_freqs is None else list(key_freqs)
     share = spectrum / spectrum.sum()
-    logits = all_logits(model, task)
+    logits = all_logits(model, task) if logits is None else logits
     train_pairs, test_pairs = task.train_set().tokens[:, :2], task.val_batches()[0].tokens[:, :2]
     key = project(logits, key_directions(p, freqs))
     mean = logits.mean(dim=(0, 1), keepdim=True)
@@ -236,18 +238,20 @@ def _applies(task) -> bool:
 _GROKKING_RUN = r"grok/restricted_loss"
 _TRAIN, _TEST = "train/acc up | train/loss down", ("val/acc up", "val/loss down")
 _CLEANING = "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up"
-#: the three phases of Nanda et al. 2023 (section 5.1), by what moves in them (docs/stages.md)
+_NANDA = "Nanda et al. 2023"
+#: the three phases of Nanda et al. 2023 (section 5.1), by what moves in them and in their order
+#: (each at most once; docs/stages.md)
 STAGES = (
-    Signature("memorisation", moves=(_TRAIN,), absent=_TEST, run_has=_GROKKING_RUN,
-              source="Nanda et al. 2023, sec. 5.1: the train loss falls, the test loss does not"),
+    Signature("memorisation", moves=(_TRAIN,), absent=_TEST, run_has=_GROKKING_RUN, sequence=_NANDA,
+              source="Nanda et al. 2023, sec. 5.1: first, the train loss falls while the test loss does not"),
     Signature("circuit formation", moves=("grok/restricted_loss down | grok/excluded_loss up",),
-              absent=(_TRAIN,) + _TEST + (_CLEANING,), run_has=_GROKKING_RUN,
-              source="Nanda et al. 2023, sec. 5.1: the restricted loss falls and the excluded loss rises while "
-                     "the train and test losses stay (and the weights do not yet fall sharply: cleanup)"),
+              absent=("train/acc up",) + _TEST, run_has=_GROKKING_RUN, sequence=_NANDA,
+              source="Nanda et al. 2023, sec. 5.1: after memorisation, the excluded loss rises and the restricted "
+                     "loss falls (the weights shrinking smoothly) while the test loss stays"),
     Signature("cleanup", moves=("val/loss down | val/acc up", _CLEANING),
-              absent=(_TRAIN,), run_has=_GROKKING_RUN,
-              source="Nanda et al. 2023, sec. 5.1: the test loss falls as the weight norm falls and the Gini "
-                     "coefficients rise"),
+              absent=("train/acc up",), run_has=_GROKKING_RUN, sequence=_NANDA,
+              source="Nanda et al. 2023, sec. 5.1: last, the test loss falls as the weight norm falls sharply and "
+                     "the Gini coefficients rise"),
 )
 
 KEYS = KeyFamilies(

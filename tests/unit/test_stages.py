@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from phasewatch.phases.detector import detect_all
-from phasewatch.phases.stages import (Signature, Stage, StageRules, detect_stages, read_stages, record_stages,
-                                     write_stages)
+from phasewatch.phases.stages import (Signature, Stage, StageRules, assign_names, detect_stages, read_stages,
+                                     record_stages, write_stages)
 from phasewatch.rundir import RunFolder
 
 STEPS = np.unique(np.geomspace(1, 10_000, 120).round())
@@ -127,8 +127,9 @@ def test_an_absent_move_or_a_tie_leaves_a_stage_unnamed():
     events = [event("train/acc", 30, "up"), event("val/acc", 31, "up")]
     rules = StageRules(signatures=(MEMORISE, GENERALISE), headline=frozenset({"train/acc"}))
     assert [s.name for s in detect_stages(events, {}, rules)] == [None]
-    tie = StageRules(signatures=(MEMORISE, Signature("other", moves=("train/acc up",))), headline=frozenset({"train/acc"}))
-    assert [s.name for s in detect_stages([event("train/acc", 30, "up"), event("p/q", 30)], {}, tie)] == [None]
+    # of two matches equally specific, the one declared first
+    tie = StageRules(signatures=(Signature("other", moves=("train/acc up",)), MEMORISE), headline=frozenset({"train/acc"}))
+    assert [s.name for s in detect_stages([event("train/acc", 30, "up"), event("p/q", 30)], {}, tie)] == ["other"]
     # of two matches, the more specific (more entries) wins
     specific = StageRules(signatures=(MEMORISE, Signature("both", moves=("train/acc up", "p/q down"))))
     assert [s.name for s in detect_stages([event("train/acc", 30, "up"), event("p/q", 30)], {}, specific)] == ["both"]
@@ -167,9 +168,10 @@ def test_the_declared_signatures_name_the_grokking_phases_in_order():
     early = [event("train/acc", 30, "up"), event("val/loss", 30), event("grok/excluded_loss", 31)]
     late = [event("val/loss", 3000), event("val/acc", 3100, "up")]
     assert [s.name for s in detect_stages(early + late, series, stage_rules())] == [None, None]
-    # the restricted loss falling as the weights shrink is cleanup's mark, not circuit formation
+    # the restricted loss falling as the weights shrink, the test loss flat: circuit formation
+    # (Nanda et al.: the weights fall smoothly in it)
     shrinking = [event("grok/restricted_loss", 300), event("grok/weight_norm", 310)]
-    assert [s.name for s in detect_stages(shrinking, series, stage_rules())] == [None]
+    assert [s.name for s in detect_stages(shrinking, series, stage_rules())] == ["circuit formation"]
     # without a grokking probe's key in the run, none of the three applies
     assert [s.name for s in detect_stages(events[:3], {}, stage_rules())] == [None]
     # an induction run's stage: the heads probe's signature (heads pass the induction threshold
@@ -180,6 +182,44 @@ def test_the_declared_signatures_name_the_grokking_phases_in_order():
     assert [s.name for s in detect_stages(induction[::2], {}, stage_rules())] == [None]
     # the score rising with no head passing the threshold (a 1-layer model) is no induction stage
     assert [s.name for s in detect_stages(induction[1:], {}, stage_rules())] == [None]
+
+
+def test_the_grokking_phases_are_named_in_their_order_each_once():
+    """Nanda et al. 2023's phases over a run's whole stage sequence (the quickstart's stages,
+    2026-11-27): the train loss still falling (in log10) as the excluded loss rises is circuit
+    formation after memorisation, not a second memorisation; the test loss's later fall with no
+    weight or Gini change is none; a restricted-loss fall after cleanup is no circuit formation."""
+    import phasewatch.probes  # noqa: F401
+    from phasewatch.probes.keys import stage_rules
+
+    run = [[event("train/acc", 100, "up"), event("val/loss", 90, "up"), event("grok/restricted_loss", 110)],
+           [event("train/loss", 700, decades=0.5), event("grok/restricted_loss", 690), event("grok/excluded_loss", 760, "up")],
+           [event("val/acc", 1500, "up"), event("grok/weight_norm", 1550), event("grok/key_logit_fraction", 1300, "up")],
+           [event("val/loss", 6000), event("grok/excluded_loss", 6100)],
+           [event("grok/restricted_loss", 30000), event("grok/n_key_freqs", 31000, "up")]]
+    rules = stage_rules()
+    series = {"grok/restricted_loss": flat()}
+    stages = detect_stages([e for stage in run for e in stage], series, rules)
+    assert [members(s) for s in stages] == [sorted((e["metric"], e["direction"]) for e in stage) for stage in run]
+    assert [s.name for s in stages] == ["memorisation", "circuit formation", "cleanup", None, None]
+    # a second stage where only the train loss falls is no second memorisation
+    again = run[:1] + [[event("train/loss", 700), event("probe/x", 700)]]
+    assert [s.name for s in detect_stages([e for st in again for e in st], series, rules)] == ["memorisation", None]
+
+
+def test_names_are_assigned_over_the_whole_sequence():
+    """Signatures of one sequence (A then B), each naming at most one stage: stages matching B,
+    A, B are named none, A, B (naming the first B would leave one name), not B, A, B; a
+    signature outside the sequence names one stage wherever it is."""
+    a, b = Signature("A", moves=("a/x down",), sequence="s"), Signature("B", moves=("b/y down",), sequence="s")
+    lone = Signature("C", moves=("c/z up",))
+    rules = StageRules(signatures=(a, b, lone))
+    stages = [[event("b/y", 10), event("d/q", 10)], [event("a/x", 100), event("d/q", 100)],
+              [event("b/y", 1000), event("d/q", 1000)], [event("c/z", 10000, "up"), event("d/q", 10000)],
+              [event("c/z", 100000, "up"), event("d/q", 100000)]]
+    found = detect_stages([e for stage in stages for e in stage], {}, rules)
+    assert [s.name for s in found] == [None, "A", "B", "C", None]
+    assert assign_names([found[2].members, found[1].members], rules) == ["B", None]  # B then A: not in order
 
 
 def test_stage_types_from_the_llc_and_the_loss():
