@@ -115,7 +115,7 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
 
     from phasewatch.loggers.wandb_logger import make_analysis_logger
 
-    store = RunFolder(run_dir)
+    folder = RunFolder(run_dir)
     on = resolve_device(device)
     named = tuple(n.partition(":")[0] for n in names if ":" in n)
     run = load_run_config(run_dir, tuple(allow) + named)
@@ -125,9 +125,9 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     names = [p.name for p in probes]  # a plug-in named by its dotted path measures under its own name
     check_options(options or {}, "options", running=names)
     options = run_options(run_config, names, options or {})
-    steps = store.checkpoint_steps()
+    steps = folder.checkpoint_steps()
     if not steps:
-        raise ConfigError("run_dir", f"no step checkpoints in {store.checkpoints}",
+        raise ConfigError("run_dir", f"no step checkpoints in {folder.checkpoints}",
                           "Train with a checkpoint schedule (the default saves 30 log-spaced ones).")
     last_step, last = next(reversed(steps.items()))
     given, options = options, finished_run_options(module, probes, options, last)
@@ -136,15 +136,15 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
         if options.get(name) != given.get(name):
             print(f"phasewatch: {name} measures every checkpoint with {options[name]} "
                   f"(from the last checkpoint, step {last_step})")
-    store.acquire_lock()
+    folder.acquire_lock()
     try:
         initial = initial_model(module, probes, steps)
         first_step, first = next(iter(steps.items()))
         load_weights(module, first)
         first_results = measure(module.model, module.task, probes, options, initial)
         keys = {k for r in first_results.values() for k in r}
-        _clear_earlier_values(store, first_results, keys, replace)
-        wandb_logger = make_analysis_logger(store, run_config if wandb else {"wandb": False}, names, options)
+        _clear_earlier_values(folder, first_results, keys, replace)
+        wandb_logger = make_analysis_logger(folder, run_config if wandb else {"wandb": False}, names, options)
         ok = False
         try:
             for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt",
@@ -154,8 +154,8 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
                 else:
                     load_weights(module, path)
                     results = measure(module.model, module.task, probes, options, initial)
-                _record_step(store, results, step, wandb_logger)
-            events = record_transitions(store, keys)
+                _record_step(folder, results, step, wandb_logger)
+            events = record_transitions(folder, keys)
             if wandb_logger:
                 for event in events:
                     wandb_logger.log_event(event, alert=False)  # found after training: no alert
@@ -164,56 +164,56 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
             if wandb_logger:
                 wandb_logger.finalize("success" if ok else "failed")
         # what produced these values (a run's own probes are in its config)
-        store.add_analysis({
+        folder.add_analysis({
             "probes": names, "options": options, "options_from_step": last_step if completed else None,
             "device": str(on), "steps": list(steps), "replace": replace,
             "wandb_id": wandb_logger.version if wandb_logger and not wandb_logger.failed else None,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     finally:
-        store.release_lock()
+        folder.release_lock()
     return list(steps)
 
 
-def _clear_earlier_values(store: RunFolder, first_results: dict[str, dict], keys: set[str], replace: bool) -> None:
+def _clear_earlier_values(folder: RunFolder, first_results: dict[str, dict], keys: set[str], replace: bool) -> None:
     """ConfigError when the run already has values of these probes' keys (or arrays) and
     `replace` is off; with `replace`, drop them. Array values are kept per step: old ones at
     steps this analysis does not measure would mix with the new ones."""
-    existing = same_families({k for record in store.read_metrics() for k in record}, keys)
+    existing = same_families({k for record in folder.read_metrics() for k in record}, keys)
     old_arrays = [(p, k) for p, r in first_results.items() for k, v in r.items()
-                  if not is_number(v) and store.array_files(p, k)]
-    found = sorted(existing) + [str(store.array_folder(p, k).relative_to(store.root)) for p, k in old_arrays]
+                  if not is_number(v) and folder.array_files(p, k)]
+    found = sorted(existing) + [str(folder.array_folder(p, k).relative_to(folder.root)) for p, k in old_arrays]
     if found and not replace:
-        raise ConfigError("probes", f"{store.root} already has {found[:5]}"
+        raise ConfigError("probes", f"{folder.root} already has {found[:5]}"
                                     f"{f' and {len(found) - 5} more' if len(found) > 5 else ''}",
                           "Pass --replace to measure them again (their old values are dropped).")
     if existing:
-        _drop_keys(store, existing)
+        _drop_keys(folder, existing)
     for probe, key in old_arrays:
-        store.drop_arrays(probe, key)
+        folder.drop_arrays(probe, key)
 
 
-def _record_step(store: RunFolder, results: dict[str, dict], step: int, wandb_logger) -> None:
+def _record_step(folder: RunFolder, results: dict[str, dict], step: int, wandb_logger) -> None:
     """One checkpoint's values into the run folder's metrics and arrays, and to W&B."""
-    scalars = record_results(results, store, step)
+    scalars = record_results(results, folder, step)
     if scalars:
-        store.append(store.metrics, {"step": step, **scalars})
+        folder.append(folder.metrics, {"step": step, **scalars})
         if wandb_logger:
             wandb_logger.log_metrics(scalars, step=step)
 
 
-def record_transitions(store: RunFolder, keys: set[str]) -> list[dict]:
+def record_transitions(folder: RunFolder, keys: set[str]) -> list[dict]:
     """Detect transitions in the watched ones among `keys` and put them in the run's events
     in place of any earlier events of those keys; returns them (each also printed)."""
     from phasewatch.phases.detector import detect_all
 
-    watched = {k: v for k, v in store.series().items() if k in keys and not is_detail(k)}
+    watched = {k: v for k, v in folder.series().items() if k in keys and not is_detail(k)}
     events = detect_all(watched, declared=declared_scale)  # offline: no detected_at (phases/events.py)
-    old = store.read_events()
+    old = folder.read_events()
     kept = [e for e in old if e.get("metric") not in keys]
     if len(kept) != len(old):
-        store.rewrite(store.events, kept)
+        folder.rewrite(folder.events, kept)
     for event in events:
-        store.append(store.events, event)
+        folder.append(folder.events, event)
         print(f"phasewatch: transition in {event['metric']} ({event['direction']}) from step {event['onset']} "
               f"to {event['end']}, midpoint {event['midpoint']}, magnitude {event['magnitude']:.4g}")
     return events
@@ -229,10 +229,10 @@ def same_families(old: set[str], new: set[str]) -> set[str]:
     return {k for k in old if k in new or (is_detail(k) and k.startswith(namespaces))}
 
 
-def _drop_keys(store: RunFolder, keys: set[str]) -> None:
+def _drop_keys(folder: RunFolder, keys: set[str]) -> None:
     """Rewrite the metrics without `keys` (atomically), dropping lines left with only a step."""
-    kept = [{k: v for k, v in record.items() if k not in keys} for record in store.read_metrics()]
-    store.rewrite(store.metrics, [r for r in kept if set(r) - {"step"}])
+    kept = [{k: v for k, v in record.items() if k not in keys} for record in folder.read_metrics()]
+    folder.rewrite(folder.metrics, [r for r in kept if set(r) - {"step"}])
 
 
 def analyze_run_command(args) -> int:

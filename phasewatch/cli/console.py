@@ -51,51 +51,51 @@ def _final_values(rows: list[dict[str, Any]]) -> tuple[int | None, dict[str, flo
     return step, last
 
 
-def _what_happened(store) -> list[str]:
+def _what_happened(folder) -> list[str]:
     """The run's stages, one line each, or where no stage was found, its headline transitions."""
     from phasewatch.probes import keys
 
-    if store.stages.exists():
+    if folder.stages.exists():
         from phasewatch.phases.stages import read_stages
 
-        stages = read_stages(store)
+        stages = read_stages(folder)
         if stages:
             return [f"  {stage.summary()}" for stage in stages]
     headline = set(keys.headline_keys())
-    transitions = store.transitions()
+    transitions = folder.transitions()
     found = [e for e in transitions if e.get("metric") in headline]
     lines = [f"  {e['metric']} {e.get('direction', '')} from step {e.get('onset')} to {e.get('end')} "
              f"(midpoint {e.get('midpoint')})" for e in sorted(found, key=lambda e: e.get("midpoint", 0))]
     total = len(transitions)
     if total > len(found):
-        lines.append(f"  {total} transitions in all series: phasewatch phases {store.root} --series")
+        lines.append(f"  {total} transitions in all series: phasewatch phases {folder.root} --series")
     return lines or ["  no transition found in the headline series (train/val loss and accuracy)"]
 
 
-def fit_summary(store, max_steps: int | None = None) -> list[str]:
-    """The lines that end a finished fit of the run folder `store` (a RunFolder)."""
+def fit_summary(folder, max_steps: int | None = None) -> list[str]:
+    """The lines that end a finished fit of the run folder `folder` (a RunFolder)."""
     from phasewatch.loggers.wandb_logger import wandb_mode
     from phasewatch.rundir import format_size
 
-    step, final = _final_values(store.read_metrics())
+    step, final = _final_values(folder.read_metrics())
     of = f" of {max_steps}" if max_steps else ""
     lines = [f"phasewatch: finished at step {step}{of}: "
              + "  ".join(f"{k} {_number(v)}" for k, v in final.items())]
-    lines += _what_happened(store)
-    if store.report.exists():
-        lines.append(f"  report: {store.report}")
-    lines.append(f"  run folder: {store.root} ({format_size(store.size_bytes())})")
-    if wandb_mode() == "offline" and store.wandb_dir.exists():
-        lines.append(f"  upload to W&B: wandb sync {store.wandb_dir}/offline-run-*")
+    lines += _what_happened(folder)
+    if folder.report.exists():
+        lines.append(f"  report: {folder.report}")
+    lines.append(f"  run folder: {folder.root} ({format_size(folder.size_bytes())})")
+    if wandb_mode() == "offline" and folder.wandb_dir.exists():
+        lines.append(f"  upload to W&B: wandb sync {folder.wandb_dir}/offline-run-*")
     longer = f" --trainer.max_steps {2 * max_steps}" if max_steps else " --trainer.max_steps N"
-    lines.append(f"  train on: phasewatch fit --run_dir {store.root} --ckpt_path last{longer}")
+    lines.append(f"  train on: phasewatch fit --run_dir {folder.root} --ckpt_path last{longer}")
     return lines
 
 
-def max_steps_of(store) -> int | None:
+def max_steps_of(folder) -> int | None:
     """The run's `trainer.max_steps` from its config, where it says."""
     try:
-        value = store.read_config().get("trainer", {}).get("max_steps")
+        value = folder.read_config().get("trainer", {}).get("max_steps")
     except Exception:  # noqa: BLE001 - a summary line is not worth an error
         return None
     return int(value) if isinstance(value, int) and value > 0 else None

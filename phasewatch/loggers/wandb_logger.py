@@ -46,11 +46,11 @@ def new_run_id() -> str:
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-def offline_hint(store: RunFolder, wandb_dir: Path | None = None) -> str:
+def offline_hint(folder: RunFolder, wandb_dir: Path | None = None) -> str:
     """The line saying where an offline run's files go (`wandb_dir`, default the training
     run's `<run_dir>/wandb`) and how to upload them."""
     why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no login found"
-    wandb_dir = wandb_dir or store.wandb_dir
+    wandb_dir = wandb_dir or folder.wandb_dir
     return (f"phasewatch: W&B is offline ({why}); its files go to {wandb_dir}. "
             f"Upload later with: wandb sync {wandb_dir}/offline-run-*")
 
@@ -191,7 +191,7 @@ class SafeWandbLogger(WandbLogger):
             self._experiment = None
 
 
-def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[str, Any],
+def make_wandb_logger(folder: RunFolder, name: str, project: str, config: dict[str, Any],
                       resume_step: int | None = None, group: str | None = None) -> SafeWandbLogger | None:
     """A logger writing under `<run_dir>/wandb`, resuming the W&B run id kept in the run
     folder (a new run takes `WANDB_RUN_ID` when `wandb agent` set it, so that the run
@@ -205,26 +205,26 @@ def make_wandb_logger(store: RunFolder, name: str, project: str, config: dict[st
     if mode == "disabled":
         return None
     member = group is not None  # a population's member: one W&B run of several in this process
-    run_id = store.wandb_id()
+    run_id = folder.wandb_id()
     if run_id is None:  # `wandb agent` chooses the id of each sweep run (WANDB_RUN_ID), not of a member's
         run_id = (None if member else os.environ.get("WANDB_RUN_ID")) or new_run_id()
-        store.set_wandb_id(run_id)
+        folder.set_wandb_id(run_id)
     group = group or os.environ.get("WANDB_RUN_GROUP") or None  # passed on: W&B reads its environment once per process
     if group:
-        store.set_wandb_group(group)
+        folder.set_wandb_group(group)
     if mode == "offline":
-        print(offline_hint(store))
+        print(offline_hint(folder))
     rewind = mode == "online" and resume_step is not None
     logger = SafeWandbLogger(
-        name=name, project=project, save_dir=str(store.root), id=run_id, mode=mode, config=config, group=group,
+        name=name, project=project, save_dir=str(folder.root), id=run_id, mode=mode, config=config, group=group,
         log_model=False, **({"reinit": "create_new"} if member else {}), **({"resume_from": f"{run_id}?_step={resume_step}", "resume": None} if rewind else {"resume": "allow"}),
     )
-    logger.folder = store if mode == "offline" else None  # a resumed offline run replays the folder's history
-    logger.events_of = store
+    logger.folder = folder if mode == "offline" else None  # a resumed offline run replays the folder's history
+    logger.events_of = folder
     return logger
 
 
-def make_analysis_logger(store: RunFolder, config: dict[str, Any], probes: list[str],
+def make_analysis_logger(folder: RunFolder, config: dict[str, Any], probes: list[str],
                          options: dict[str, Any]) -> SafeWandbLogger | None:
     """The W&B run of one `phasewatch analyze`: a new run in the training run's project,
     named `<run>-analyze-<probes>` (job type `analyze`), with the training run's config
@@ -237,11 +237,11 @@ def make_analysis_logger(store: RunFolder, config: dict[str, Any], probes: list[
     replaces the first one's history when both are synced. None when W&B is disabled or
     the run was trained with `--no_wandb`.
     """
-    return make_side_logger(store, config, "analyze", f"analyze-{'-'.join(probes)}",
+    return make_side_logger(folder, config, "analyze", f"analyze-{'-'.join(probes)}",
                             {"probes": probes, "options": options})
 
 
-def make_side_logger(store: RunFolder, config: dict[str, Any], job_type: str, label: str,
+def make_side_logger(folder: RunFolder, config: dict[str, Any], job_type: str, label: str,
                      details: dict[str, Any]) -> SafeWandbLogger | None:
     """A new W&B run beside a training run, for work done on it afterwards (`analyze`,
     `diff`): named `<run>-<label>`, of `job_type`, in the training run's project and group,
@@ -252,10 +252,10 @@ def make_side_logger(store: RunFolder, config: dict[str, Any], job_type: str, la
     mode = wandb_mode()
     if mode == "disabled" or config.get("wandb") is False:
         return None
-    group = store.wandb_group() or os.environ.get("WANDB_RUN_GROUP")
-    wandb_dir = store.side_wandb_dir(job_type)
+    group = folder.wandb_group() or os.environ.get("WANDB_RUN_GROUP")
+    wandb_dir = folder.side_wandb_dir(job_type)
     if mode == "offline":
-        print(offline_hint(store, wandb_dir))
+        print(offline_hint(folder, wandb_dir))
     else:
         print(f"phasewatch: the W&B run of this {job_type} keeps its local files in {wandb_dir}")
     try:
@@ -263,8 +263,8 @@ def make_side_logger(store: RunFolder, config: dict[str, Any], job_type: str, la
     except OSError:
         pass  # W&B's own attempt fails the same way, and becomes one warning (SafeWandbLogger)
     return SafeWandbLogger(
-        name=f"{store.root.name}-{label}", project=config.get("wandb_project") or "phasewatch",
+        name=f"{folder.root.name}-{label}", project=config.get("wandb_project") or "phasewatch",
         save_dir=str(wandb_dir.parent), id=new_run_id(), mode=mode,
-        config={**config, job_type: {**details, "training_run_id": store.wandb_id()}},
+        config={**config, job_type: {**details, "training_run_id": folder.wandb_id()}},
         job_type=job_type, group=group or None, log_model=False,
     )
