@@ -24,7 +24,7 @@ from phasewatch.loggers.run_folder import log_event, logged_series, run_folder
 from phasewatch.callbacks.console import say
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.probes.keys import declared_scale, headline_keys, is_detail, stage_rules
-from phasewatch.phases.detector import DECADE_CHANGE, TOGETHER, departure, detect_transitions, together
+from phasewatch.phases.detector import DECADE_CHANGE, DEPARTURE_Z, TOGETHER, departure, detect_transitions, together
 from phasewatch.phases.events import Event
 from phasewatch.phases.scale import LOG, watch_scale
 from phasewatch.phases.stages import Stage, detect_stages, write_stages
@@ -127,10 +127,11 @@ class TransitionWatcher(pl.Callback):
     dense_for: ... until confirmation or withdrawal, for at most this multiple of the onset's
         `detected_at` step.
     departures: also give an onset when a series' newest points leave its recent trend
-        (`probes.transitions.departure`), before the detector can fit the change (False: onsets
+        (`phases.detector.departure`), before the detector can fit the change (False: onsets
         only from the detector's changes under way)...
-    departure_z: ... by this many standard errors (5): a higher bar says fewer onsets that come
-        to nothing and says the others later (bench/README.md, `live_latency.py --frontier`).
+    departure_z: ... by this many standard errors (`phases.detector.DEPARTURE_Z`): a higher bar
+        says fewer onsets that come to nothing and says the others later (bench/README.md,
+        `live_latency.py --frontier`).
     verbose: print every event (onsets, withdrawals, every watched series); by default only the
         confirmed transitions of headline keys that are not trivially small (`_worth_saying`).
         Every event goes to the loggers either way.
@@ -138,13 +139,13 @@ class TransitionWatcher(pl.Callback):
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
                  points_after: int = 3, regrow: float = 0.1, dense: bool = True, dense_count: int = 200, dense_for: float = 3.0,
-                 departures: bool = True, departure_z: float = 5.0, verbose: bool = False):
+                 departures: bool = True, departure_z: float = DEPARTURE_Z, verbose: bool = False):
         self.metrics, self.every, self.settle, self.departures = metrics, max(1, int(every_n_validations)), settle, departures
         self.points_after, self.regrow, self.dense, self.dense_for = points_after, regrow, dense, dense_for
         require_int(dense_count, "transitions.dense_count", 2)
         require(is_number(departure_z) and departure_z > 0, "transitions.departure_z",
                 f"{departure_z!r} is not a number of standard errors",
-                "Give a number > 0 (5 by default; higher for fewer onsets that come to nothing, said later), "
+                f"Give a number > 0 ({DEPARTURE_Z:g} by default; higher for fewer onsets that come to nothing, said later), "
                 "or --transitions.departures false for no departure test.")
         self.dense_count, self.departure_z, self.verbose = dense_count, float(departure_z), bool(verbose)
         self.reported: list[dict[str, Any]] = []  # every event reported, in order
