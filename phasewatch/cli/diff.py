@@ -37,10 +37,10 @@ def parse_model_spec(spec: str) -> tuple[Path, str | None]:
     return Path(spec), None
 
 
-def checkpoint_of(run: Path, step: str | None, field: str = "A") -> tuple[Path, str]:
+def checkpoint_of(run_dir: Path, step: str | None, field: str = "A") -> tuple[Path, str]:
     """(checkpoint file, label) of a run folder at `step` (None: its last checkpoint);
     ConfigError naming the steps it has when there is no such checkpoint."""
-    folder = RunFolder(run)
+    folder = RunFolder(run_dir)
     steps = folder.checkpoint_steps()
     if step in (None, "last"):
         if folder.last_checkpoint.exists():
@@ -48,32 +48,32 @@ def checkpoint_of(run: Path, step: str | None, field: str = "A") -> tuple[Path, 
         if steps:
             newest = max(steps)
             return steps[newest], f"step{newest}"
-        raise ConfigError(field, f"{run} has no checkpoints", "Give a run folder of phasewatch fit that saved some.")
+        raise ConfigError(field, f"{run_dir} has no checkpoints", "Give a run folder of phasewatch fit that saved some.")
     try:
         wanted = int(step)
     except ValueError:
         raise ConfigError(field, f"@{step} is not a step", "Write RUN@<step> (e.g. runs/x@1200) or RUN@last.") from None
     if wanted not in steps:
         have = ", ".join(str(s) for s in steps) or "none"
-        raise ConfigError(field, f"{run} has no checkpoint at step {wanted}", f"Pick one of its steps: {have}.")
+        raise ConfigError(field, f"{run_dir} has no checkpoint at step {wanted}", f"Pick one of its steps: {have}.")
     return steps[wanted], f"step{wanted}"
 
 
-def across_transition(run: Path, series: str) -> tuple[str, str, dict[str, Any]]:
+def across_transition(run_dir: Path, series: str) -> tuple[str, str, dict[str, Any]]:
     """The steps of the run's checkpoints that bracket the largest transition detected in
     `series` (the newest at or before its onset, the oldest at or after its end), and the
     transition."""
     from phasewatch.phases.detector import detect_all
 
-    folder = RunFolder(run)
+    folder = RunFolder(run_dir)
     folder.require_metrics()
     data = folder.series()
     if series not in data:
-        raise ConfigError("across", f"{run} has no series {series!r}",
+        raise ConfigError("across", f"{run_dir} has no series {series!r}",
                           f"Pick one of: {', '.join(sorted(data))[:400]}.")
     found = [e for e in detect_all({series: data[series]}) if e["kind"] == "transition"]
     if not found:
-        raise ConfigError("across", f"no transition detected in {series} of {run}",
+        raise ConfigError("across", f"no transition detected in {series} of {run_dir}",
                           "Pick a series with one (phasewatch phases RUN lists them), or name two checkpoints.")
     event = max(found, key=lambda e: abs(e["magnitude"]))
     steps = sorted(folder.checkpoint_steps())
@@ -110,6 +110,23 @@ def load_model(spec: str, allow: tuple[str, ...] = (), field: str = "A"):
 
 
 def diff_command(argv: list[str]) -> int:
+    args = _parse_arguments(argv)
+    spec_a, spec_b = _model_specs(args)
+    from phasewatch.diff.model_diff import model_diff
+
+    a, task, run_dir_a, label_a = load_model(spec_a, tuple(args.allow))
+    b, _, _, label_b = load_model(spec_b, tuple(args.allow), "B")
+    result = model_diff(a, b, task, per_length=args.per_length)
+    name = args.name or f"{label_a}_vs_{label_b}".replace("/", "_")
+    summarise(result, label_a, label_b, args.top)
+    folder = RunFolder(run_dir_a) if run_dir_a is not None else RunFolder(Path(args.out or "."))
+    examples = write_tables(folder, name, result)
+    if run_dir_a is not None and not args.no_wandb:
+        log_to_wandb(folder, name, spec_a, spec_b, result.rows, examples)
+    return 0
+
+
+def _parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="phasewatch diff",
         description="Diff two models of the same structure: weights, activations, direct logit attribution, "
@@ -132,32 +149,33 @@ def diff_command(argv: list[str]) -> int:
     if (args.b is None) == (args.across is None):
         raise ConfigError("B", "give either two models or one run and --across SERIES",
                           "e.g. phasewatch diff runs/x@300 runs/x@3000, or phasewatch diff runs/x --across val/loss")
-    spec_a, spec_b = args.a, args.b
-    if args.across:
-        run, step = parse_model_spec(args.a)
-        if step is not None or not run.is_dir():
-            raise ConfigError("across", f"{args.a} is not a run folder", "--across takes a run folder alone.")
-        before, after, event = across_transition(run, args.across)
-        print(f"{args.across}: transition {event['direction']} {event['onset']}-{event['midpoint']}-{event['end']} "
-              f"(magnitude {event['magnitude']:.3g}); diffing the checkpoints of steps {before} and {after}")
-        spec_a, spec_b = f"{args.a}@{before}", f"{args.a}@{after}"
-    from phasewatch.diff.model_diff import model_diff
+    return args
 
-    a, task, run_a, label_a = load_model(spec_a, tuple(args.allow))
-    b, _, _, label_b = load_model(spec_b, tuple(args.allow), "B")
-    result = model_diff(a, b, task, per_length=args.per_length)
-    name = args.name or f"{label_a}_vs_{label_b}".replace("/", "_")
-    summarise(result, label_a, label_b, args.top)
-    folder = RunFolder(run_a) if run_a is not None else RunFolder(Path(args.out or "."))
+
+def _model_specs(args: argparse.Namespace) -> tuple[str, str]:
+    """The two models' specs: as given, or with `--across` A's checkpoints on either side of
+    the transition (said in one line)."""
+    if not args.across:
+        return args.a, args.b
+    run_dir, step = parse_model_spec(args.a)
+    if step is not None or not run_dir.is_dir():
+        raise ConfigError("across", f"{args.a} is not a run folder", "--across takes a run folder alone.")
+    before, after, event = across_transition(run_dir, args.across)
+    print(f"{args.across}: transition {event['direction']} {event['onset']}-{event['midpoint']}-{event['end']} "
+          f"(magnitude {event['magnitude']:.3g}); diffing the checkpoints of steps {before} and {after}")
+    return f"{args.a}@{before}", f"{args.a}@{after}"
+
+
+def write_tables(folder: RunFolder, name: str, result) -> list[dict]:
+    """The diff's per-component and per-input tables into `folder` (their paths printed); the
+    per-input rows as written."""
     table, inputs = folder.diff_tables(name)
     examples = [{**e, "tokens": " ".join(map(str, e["tokens"])), "change": e["loss_b"] - e["loss_a"]}
                 for e in result.examples]
     write_csv(COLUMNS, result.rows, table)
     write_csv(INPUT_COLUMNS, examples, inputs)
     print(f"\n{table}\n{inputs}")
-    if run_a is not None and not args.no_wandb:
-        log_to_wandb(folder, name, spec_a, spec_b, result.rows, examples)
-    return 0
+    return examples
 
 
 def log_to_wandb(folder: RunFolder, name: str, spec_a: str, spec_b: str, rows: list[dict], examples: list[dict]) -> None:
