@@ -39,10 +39,10 @@ class DiskFull(ConfigError):
         super().__init__("run_dir", f"the disk of {folder} is full: writing {what} needs {need}", fix)
 
     @classmethod
-    def in_run(cls, folder: Any, what: str, need_bytes: int | None) -> "DiskFull":
+    def in_run(cls, run_dir: Any, what: str, need_bytes: int | None) -> "DiskFull":
         """During training: the fix is to free space and resume the run from its last checkpoint."""
-        return cls(folder, what, need_bytes,
-                   f"Free some space, then resume: phasewatch fit --run_dir {folder} --ckpt_path last")
+        return cls(run_dir, what, need_bytes,
+                   f"Free some space, then resume: phasewatch fit --run_dir {run_dir} --ckpt_path last")
 
 
 def is_disk_full(err: BaseException) -> bool:

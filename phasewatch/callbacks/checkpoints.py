@@ -123,8 +123,8 @@ class ScheduledCheckpoints(Checkpoint):
             if not is_disk_full(err):
                 raise
             last = path.with_name(LAST_CHECKPOINT)
-            root = run_folder(trainer).root
-            raise DiskFull.in_run(root, name, last.stat().st_size if last.exists() else None) from None
+            run_dir = run_folder(trainer).root
+            raise DiskFull.in_run(run_dir, name, last.stat().st_size if last.exists() else None) from None
 
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
