@@ -221,7 +221,8 @@ def main() -> int:
         model, task = module.model.to(a.device), module.task
         model.eval()
         for chains in a.chains:
-            settings = {**DEFAULTS, "chains": chains, "draws": a.draws, "burn_in": a.burn_in}
+            settings = {**{k: v for k, v in DEFAULTS.items() if k != "side_by_side"},  # each timed both ways
+                        "chains": chains, "draws": a.draws, "burn_in": a.burn_in}
             apart_s, apart = time_llc(model, task, False, a.repeats, **settings)
             together_s, together = time_llc(model, task, True, a.repeats, **settings)
             row = dict(config=config, chains=chains, apart=apart_s, together=together_s, ratio=apart_s / together_s,

@@ -17,6 +17,7 @@ Options, defaults and the known answers the tests check: docs/llc.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any, Callable, Sequence
@@ -29,9 +30,17 @@ from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.errors import ConfigError
 
-#: the one set of SGLD defaults (the probe's and the estimators'), calibrated on the quickstart
-#: and induction_2l runs (bench/README.md)
-DEFAULTS = {"chains": 2, "draws": 200, "burn_in": 200, "step_size": 1e-4, "gamma": 300.0, "batch_size": None}
+#: the one set of the llc probe's settings and their defaults, calibrated on the quickstart and
+#: induction_2l runs (bench/README.md): the estimators' SGLD settings (chains ... seed) and
+#: `training_loss_llc`'s own (batch_size None: minibatches of `FULL_BATCH_MINIBATCH` examples on a
+#: full-batch task, the task's own batch size on a streaming one; side_by_side None: side by
+#: side on a GPU or with 4 chains or more)
+DEFAULTS = {"chains": 2, "draws": 200, "burn_in": 200, "step_size": 1e-4, "gamma": 300.0, "seed": 0,
+            "batch_size": None, "pool": 8, "side_by_side": None}
+#: a full-batch task's SGLD minibatch size when batch_size is None
+FULL_BATCH_MINIBATCH = 256
+#: SGLD steps between checks that the chains stay in the basin (one host sync each)
+CHECK_EVERY = 25
 
 
 def estimate_llc(
@@ -47,8 +56,8 @@ def estimate_llc(
     gamma: float = DEFAULTS["gamma"],
     beta: float | None = None,
     max_rise: float | None = None,
-    seed: int = 0,
-    check_every: int = 25,
+    seed: int = DEFAULTS["seed"],
+    check_every: int = CHECK_EVERY,
 ) -> dict:
     """The LLC at the current values of `params` of the loss `loss_fn(t)` (an average over
     n samples, or an unbiased minibatch estimate of it at SGLD step t).
@@ -58,43 +67,71 @@ def estimate_llc(
     params = list(params)
     d = sum(p.numel() for p in params)
     nb, max_rise = _settings(n, d, chains, draws, burn_in, step_size, gamma, beta, max_rise)
-    device = params[0].device
-    noise_of = chain_generators(seed, chains, device)
+    noise_of = chain_generators(seed, chains, params[0].device)
     w_star = [p.detach().clone() for p in params]
     grad_flags = [p.requires_grad for p in params]
-    steps = burn_in + draws
-    trace = torch.full((chains, steps), float("nan"), dtype=torch.float64, device=device)
+    trace = torch.full((chains, burn_in + draws), float("nan"), dtype=torch.float64, device=params[0].device)
     converged = True
     try:
         if loss_star is None:
             with torch.no_grad():
                 loss_star = float(loss_fn(-1))
+        walk = _Walk(step_size, nb, gamma, float(loss_star), max_rise, check_every)
         for p in params:
             p.requires_grad_(True)
         for c in range(chains):
-            with torch.no_grad():
-                for p, p0 in zip(params, w_star):
-                    p.copy_(p0)
-            for t in range(steps):
-                with torch.enable_grad():
-                    loss = loss_fn(t)
-                    grads = torch.autograd.grad(loss, params)
-                trace[c, t] = loss.detach()
-                with torch.no_grad():
-                    for p, grad, p0 in zip(params, grads, w_star):
-                        noise = torch.randn(p.shape, generator=noise_of[c], device=device, dtype=p.dtype)
-                        _sgld_step(p, grad, p0, noise, step_size, nb, gamma)
-                if ((t + 1) % check_every == 0 or t == steps - 1) and not _check(trace[c], t, loss_star, nb, max_rise):
-                    converged = False  # one host sync per check_every steps
-                    break
-            if not converged:
+            if not _run_chain(loss_fn, params, w_star, noise_of[c], trace[c], walk):
+                converged = False
                 break
     finally:
-        with torch.no_grad():
-            for p, p0, flag in zip(params, w_star, grad_flags):
-                p.copy_(p0)
-                p.requires_grad_(flag)
+        _put_back(params, w_star, grad_flags)
     return _result(trace, burn_in, draws, float(loss_star), nb, d, converged)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Walk:
+    """One estimate's SGLD step (step size, n beta, the pull gamma back to w*) and its checks
+    (the loss at w*, the largest rise allowed, steps between checks)."""
+
+    step_size: float
+    nb: float
+    gamma: float
+    loss_star: float
+    max_rise: float
+    check_every: int
+
+    def check_due(self, t: int, steps: int) -> bool:
+        return (t + 1) % self.check_every == 0 or t == steps - 1
+
+
+def _run_chain(loss_fn: Callable[[int], Tensor], params: list[Tensor], w_star: list[Tensor],
+               noise: torch.Generator, trace: Tensor, walk: _Walk) -> bool:
+    """One chain of `estimate_llc` from w*, its loss at each step into `trace` (one row, as
+    long as the chain); False as soon as a check finds it out of the basin."""
+    with torch.no_grad():
+        for p, p0 in zip(params, w_star):
+            p.copy_(p0)
+    steps = trace.shape[0]
+    for t in range(steps):
+        with torch.enable_grad():
+            loss = loss_fn(t)
+            grads = torch.autograd.grad(loss, params)
+        trace[t] = loss.detach()
+        with torch.no_grad():
+            for p, grad, p0 in zip(params, grads, w_star):
+                step_noise = torch.randn(p.shape, generator=noise, device=p.device, dtype=p.dtype)
+                _sgld_step(p, grad, p0, step_noise, walk.step_size, walk.nb, walk.gamma)
+        if walk.check_due(t, steps) and not _check(trace, t, walk.loss_star, walk.nb, walk.max_rise):
+            return False  # one host sync per check_every steps
+    return True
+
+
+def _put_back(params: list[Tensor], w_star: list[Tensor], grad_flags: list[bool]) -> None:
+    """The parameters exactly as they were before sampling: values and requires_grad."""
+    with torch.no_grad():
+        for p, p0, flag in zip(params, w_star, grad_flags):
+            p.copy_(p0)
+            p.requires_grad_(flag)
 
 
 def _settings(n: int, d: int, chains: int, draws: int, burn_in: int, step_size: float, gamma: float,
@@ -158,8 +195,8 @@ def estimate_llc_side_by_side(
     gamma: float = DEFAULTS["gamma"],
     beta: float | None = None,
     max_rise: float | None = None,
-    seed: int = 0,
-    check_every: int = 25,
+    seed: int = DEFAULTS["seed"],
+    check_every: int = CHECK_EVERY,
 ) -> dict:
     """`estimate_llc` with the chains run side by side: one vectorised forward and backward
     pass per SGLD step for all chains (`torch.func.vmap` of `grad_and_value`), instead of
@@ -195,71 +232,113 @@ def estimate_llc_side_by_side(
     return _result(trace, burn_in, draws, float(loss_star), nb, d, converged)
 
 
-def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int = 8,
-                      side_by_side: bool | None = None, **kwargs) -> dict:
-    """`estimate_llc`'s output for a model's training loss: on the full training set of a
-    full-batch task, or on a fixed pool of `pool` training batches (steps 0..pool-1) of a
-    streaming one. SGLD steps use minibatches of `batch_size` examples drawn at random from
-    it (full-batch tasks; default 256; chain after chain, step after step, from one stream)
-    or the pool's batches in turn (streaming; default size: the task's own). With
-    `side_by_side` the chains run as one vectorised population (`estimate_llc_side_by_side`),
-    otherwise one after the other (`estimate_llc`): the same numbers to floating-point
-    accuracy. Default (None): side by side on a GPU, or with 4 chains or more (on the CPU,
-    2 chains side by side are 0.9-1.0x as fast, 8 chains 1.25-2.2x: bench/README.md)."""
-    from phasewatch.tasks.base import Batch, masked_loss, masked_mean_loss
-
+def training_loss_llc(model, task, **options) -> dict:
+    """`estimate_llc`'s output for a model's training loss, with `options` over DEFAULTS: on
+    the full training set of a full-batch task, or on a fixed pool of `pool` training batches
+    (steps 0..pool-1) of a streaming one. SGLD steps use minibatches of `batch_size` examples
+    drawn at random from it (full-batch tasks; chain after chain, step after step, from one
+    stream) or the pool's batches in turn (streaming). With `side_by_side` the chains run as
+    one vectorised population (`estimate_llc_side_by_side`), otherwise one after the other
+    (`estimate_llc`): the same numbers to floating-point accuracy. Default (None): side by
+    side on a GPU, or with 4 chains or more (on the CPU, 2 chains side by side are 0.9-1.0x
+    as fast, 8 chains 1.25-2.2x: bench/README.md). Options beyond DEFAULTS (beta, max_rise,
+    check_every) go to the estimator."""
+    settings = {**DEFAULTS, **options}
     module = native_module(model)
     named = {k: p for k, p in module.named_parameters() if p.requires_grad}
-    params = list(named.values())
-    device = params[0].device
-    chains = kwargs.get("chains", DEFAULTS["chains"])
-    steps = kwargs.get("burn_in", DEFAULTS["burn_in"]) + kwargs.get("draws", DEFAULTS["draws"])
+    device = next(iter(named.values())).device
+    chains, steps = settings["chains"], settings["burn_in"] + settings["draws"]
     if task.full_batch:
-        full = task.train_batch(0, None).to(device)
-        size = len(full)
-        if batch_size is not None and not 1 <= batch_size:
-            raise ValueError(f"llc batch_size must be a positive number of examples, got {batch_size}")
-        batch_size = min(256 if batch_size is None else batch_size, size)
-        pick = torch.Generator(device=device).manual_seed(kwargs.get("seed", 0) + 1)
-        batches = [full]
-        if batch_size == size:
-            picks = None
-        else:  # chain c's minibatch at step t: the (c * steps + t)-th draw, as the chains run one after the other
-            picks = torch.stack([torch.randperm(size, generator=pick, device=device)[:batch_size]
-                                 for _ in range(chains * steps)]).reshape(chains, steps, batch_size)
-
-        def batch_at(t: int, chain: int = 0):
-            if t < 0 or picks is None:
-                return full
-            idx = picks[chain, t]
-            return Batch(full.tokens[idx], full.targets[idx], full.loss_mask[idx], {})
+        batches, batch_at = _minibatches(task, device, settings["batch_size"], chains, steps, settings["seed"])
     else:
-        if pool < 1:
-            raise ValueError(f"llc pool must be at least one batch, got {pool}")
-        batches = [task.train_batch(i, batch_size).to(device) for i in range(pool)]
+        batches, batch_at = _batch_pool(task, device, settings["batch_size"], settings["pool"])
+    n, loss_star = _training_loss(module, task, batches)
+    side_by_side = settings["side_by_side"]
+    if side_by_side is None:
+        side_by_side = chains >= 4 or device.type != "cpu"
+    sgld = {k: v for k, v in settings.items() if k not in ("batch_size", "pool", "side_by_side")}  # the estimator's
+    if side_by_side:
+        return _llc_side_by_side(module, named, task, batch_at, n, loss_star, sgld)
+    return _llc_chain_after_chain(module, list(named.values()), task, batch_at, n, loss_star, sgld)
 
-        def batch_at(t: int, chain: int = 0):
-            return batches[t % len(batches)]
+
+def _minibatches(task, device, batch_size: int | None, chains: int, steps: int, seed: int):
+    """A full-batch task's training set as the one batch of L_n, and `batch_at(t, chain)`:
+    chain c's random minibatch at SGLD step t (the set itself at t < 0, or when the
+    minibatch is the whole set)."""
+    from phasewatch.tasks.base import Batch
+
+    full = task.train_batch(0, None).to(device)
+    size = len(full)
+    if batch_size is not None and not 1 <= batch_size:
+        raise ValueError(f"llc batch_size must be a positive number of examples, got {batch_size}")
+    batch_size = min(FULL_BATCH_MINIBATCH if batch_size is None else batch_size, size)
+    pick = torch.Generator(device=device).manual_seed(seed + 1)
+    if batch_size == size:
+        picks = None
+    else:  # chain c's minibatch at step t: the (c * steps + t)-th draw, as the chains run one after the other
+        picks = torch.stack([torch.randperm(size, generator=pick, device=device)[:batch_size]
+                             for _ in range(chains * steps)]).reshape(chains, steps, batch_size)
+
+    def batch_at(t: int, chain: int = 0):
+        if t < 0 or picks is None:
+            return full
+        idx = picks[chain, t]
+        return Batch(full.tokens[idx], full.targets[idx], full.loss_mask[idx], {})
+
+    return [full], batch_at
+
+
+def _batch_pool(task, device, batch_size: int | None, pool: int):
+    """A streaming task's `pool` training batches (steps 0..pool-1) as L_n, and
+    `batch_at(t, chain)`: the pool's batches in turn, the same for every chain."""
+    if pool < 1:
+        raise ValueError(f"llc pool must be at least one batch, got {pool}")
+    batches = [task.train_batch(i, batch_size).to(device) for i in range(pool)]
+
+    def batch_at(t: int, chain: int = 0):
+        return batches[t % len(batches)]
+
+    return batches, batch_at
+
+
+def _training_loss(module, task, batches: list) -> tuple[int, float]:
+    """(n, L_n(w*)): the number of predictions in `batches` and their mean loss."""
+    from phasewatch.tasks.base import masked_loss
 
     counts = [int(b.loss_mask.sum()) for b in batches]
     n = sum(counts)
     with torch.no_grad():
         loss_star = sum(float(masked_loss(module(b.tokens), b, task.loss_dtype)) * k for b, k in zip(batches, counts)) / n
-    if side_by_side is None:
-        side_by_side = chains >= 4 or device.type != "cpu"
-    if side_by_side:
-        from torch.func import functional_call
+    return n, loss_star
 
-        def loss(p: dict[str, Tensor], inputs: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-            tokens, targets, mask = inputs
-            return masked_mean_loss(functional_call(module, p, (tokens,)), Batch(tokens, targets, mask), task.loss_dtype)
 
-        def inputs_at(t: int) -> tuple[Tensor, Tensor, Tensor]:
-            per_chain = [batch_at(t, c) for c in range(chains)]
-            return tuple(torch.stack([getattr(b, f) for b in per_chain]) for f in ("tokens", "targets", "loss_mask"))
+def _llc_side_by_side(module, named: dict[str, Tensor], task, batch_at, n: int, loss_star: float,
+                      sgld: dict[str, Any]) -> dict:
+    """`estimate_llc_side_by_side` of the module's loss on `batch_at`'s batches."""
+    from torch.func import functional_call
 
-        with parameters_kept(module):
-            return estimate_llc_side_by_side(loss, named, inputs_at, n, loss_star=loss_star, **kwargs)
+    from phasewatch.tasks.base import Batch, masked_mean_loss
+
+    chains = sgld["chains"]
+
+    def loss(p: dict[str, Tensor], inputs: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        tokens, targets, mask = inputs
+        return masked_mean_loss(functional_call(module, p, (tokens,)), Batch(tokens, targets, mask), task.loss_dtype)
+
+    def inputs_at(t: int) -> tuple[Tensor, Tensor, Tensor]:
+        per_chain = [batch_at(t, c) for c in range(chains)]
+        return tuple(torch.stack([getattr(b, f) for b in per_chain]) for f in ("tokens", "targets", "loss_mask"))
+
+    with parameters_kept(module):
+        return estimate_llc_side_by_side(loss, named, inputs_at, n, loss_star=loss_star, **sgld)
+
+
+def _llc_chain_after_chain(module, params: list[Tensor], task, batch_at, n: int, loss_star: float,
+                           sgld: dict[str, Any]) -> dict:
+    """`estimate_llc` of the module's loss on `batch_at`'s batches, each chain from step 0."""
+    from phasewatch.tasks.base import masked_loss
+
     chain = {"c": -1}
 
     def loss_fn(t: int) -> Tensor:
@@ -268,13 +347,13 @@ def training_loss_llc(model, task, *, batch_size: int | None = None, pool: int =
         batch = batch_at(t, max(chain["c"], 0))
         return masked_loss(module(batch.tokens), batch, task.loss_dtype)
 
-    return estimate_llc(loss_fn, params, n, loss_star=loss_star, **kwargs)
+    return estimate_llc(loss_fn, params, n, loss_star=loss_star, **sgld)
 
 
 def model_llc(model, task, **options) -> dict:
-    """The `llc` probe's values: `training_loss_llc` (with the probe's DEFAULTS for settings
-    not given) as metric keys, and the trace."""
-    out = training_loss_llc(model, task, **{**DEFAULTS, **options})
+    """The `llc` probe's values: `training_loss_llc` (DEFAULTS for the settings not given) as
+    metric keys, and the trace."""
+    out = training_loss_llc(model, task, **options)
     result = {"llc/converged": out["llc/converged"], "llc/loss_star": float(out["loss_star"]), "trace": out["trace"]}
     if out["llc"] is not None:
         result.update({"llc/estimate": out["llc"], "llc/std": out["llc/std"], "llc/drift": out["llc/drift"]})
@@ -314,9 +393,8 @@ def calibrate_llc(model, task, step_sizes: Sequence[float] = (3e-5, 1e-4, 3e-4),
     leave w* within the draws (the estimate grows with the step size), too large a step
     diverges ("did not converge") or drifts."""
     rows = []
-    settings = {**DEFAULTS, **kwargs}
     for eps in step_sizes:
-        out = training_loss_llc(model, task, **{**settings, "step_size": eps})
+        out = training_loss_llc(model, task, **{**kwargs, "step_size": eps})
         rows.append({"step_size": eps, "converged": bool(out["llc/converged"]), "llc": out["llc"],
                      "std": out.get("llc/std"), "drift": out.get("llc/drift")})
     return rows

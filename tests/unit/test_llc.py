@@ -149,3 +149,46 @@ def test_chains_side_by_side_follow_the_same_paths_as_one_after_the_other(traine
     assert torch.allclose(together["trace"], apart["trace"], rtol=1e-5, atol=1e-7)
     assert together["llc"] == pytest.approx(apart["llc"], rel=1e-3)
     assert len({tuple(row[:5].tolist()) for row in together["trace"]}) == 3  # the chains are not copies of each other
+
+
+def test_the_training_loss_llc_of_a_full_batch_task_is_the_estimate_of_its_training_sets_loss(trained_small_model):
+    """With minibatches as large as the training set, chain after chain, the probe's LLC is
+    `estimate_llc` of the hand-written loss on every training pair (the answer's position):
+    the same chains, step by step, with n the number of pairs and its noise from the same seed."""
+    from phasewatch.models import native_module
+
+    model, task = trained_small_model
+    full = task.train_set()
+    module = native_module(model)
+    params = [p for p in module.parameters() if p.requires_grad]
+    settings = dict(chains=2, draws=15, burn_in=5, step_size=1e-4, gamma=300.0, seed=4)
+
+    def loss(t: int) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(module(full.tokens)[:, -1].double(), full.targets[:, -1])
+
+    expected = estimate_llc(loss, params, n=len(full), **settings)
+    out = training_loss_llc(model, task, side_by_side=False, batch_size=10 ** 6, **settings)
+    assert out["loss_star"] == pytest.approx(expected["loss_star"], rel=1e-12)
+    assert torch.allclose(out["trace"], expected["trace"], rtol=1e-9, atol=0)
+    assert out["llc"] == pytest.approx(expected["llc"], rel=1e-6)
+
+
+def test_a_streaming_tasks_llc_is_measured_on_its_first_pool_batches():
+    """L_n(w*) of a streaming task: the mean loss over every prediction of its training
+    batches 0..pool-1 (8 by default), computed here by hand."""
+    task = make_task("induction", vocab_size=16, seq_len=17, min_len=2, max_len=8, batch_size=8)
+    model = build_model(ModelConfig(n_layers=2, d_model=16, n_heads=2, attn_only=True, seed=2), task)
+
+    def pool_loss(pool: int) -> float:
+        losses = []
+        with torch.no_grad():
+            for i in range(pool):
+                batch = task.train_batch(i, None)
+                logits = model(batch.tokens)
+                per = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), reduction="none")
+                losses.append(per[batch.loss_mask.flatten()])
+        return float(torch.cat(losses).double().mean())
+
+    cheap = dict(chains=1, draws=3, burn_in=1, step_size=1e-4)
+    assert training_loss_llc(model, task, pool=3, **cheap)["loss_star"] == pytest.approx(pool_loss(3), rel=1e-5)
+    assert training_loss_llc(model, task, **cheap)["loss_star"] == pytest.approx(pool_loss(8), rel=1e-5)
