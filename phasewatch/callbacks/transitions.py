@@ -204,6 +204,9 @@ class TransitionWatcher(pl.Callback):
         news = self.stage_news(series, step, final)
         for what, stage in news:
             say(trainer, _stage_line(trainer, step, what, stage))
+            for logger in trainer.loggers:  # W&B: the stages table and an alert per confirmed stage
+                if hasattr(logger, "log_stage"):
+                    logger.log_stage(what, stage)
         if news:
             folder = run_folder(trainer)
             if folder is not None:  # the live report's stage timeline (the fit's end writes the final stages)
@@ -215,12 +218,14 @@ class TransitionWatcher(pl.Callback):
         the detector sees under way), kept in `stages` with ids that carry between looks, and what
         is new to say of them: ("begins", stage) when a stage is first seen, ("confirmed", stage)
         once every member is a confirmed transition, ("withdrawn", stage) at the end for a stage
-        said to begin that no confirmed stage took up."""
+        said to begin that no confirmed stage took up. A stage said confirmed keeps its members,
+        name and id (`detect_stages`' `keep`); what "begins" claims: `_stage_line`."""
         confirmed = [e for e in self.reported if e.get("stage") == "confirmed"]
         under_way = [] if final else [{**e, "under_way": True} for fits in self._fits_under_way.values() for e in fits
                                        if not self._confirmed(e, series.get(e["metric"], ((), ()))[0])]
         watched = {k: s for k, s in series.items() if not is_detail(k)}
-        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=self.stages)
+        done = [s for s in self.stages if self._said.get(s.id) == "confirmed"]  # said confirmed: kept as said
+        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=self.stages, keep=done)
         news = []
         for stage in self.stages:
             done = not any(m.get("under_way") for m in stage.members)
@@ -403,13 +408,14 @@ def _line(trainer: pl.Trainer, event: dict, series: dict) -> str:
 
 
 def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage) -> str:
-    """The console line of a stage's news (`TransitionWatcher.stage_news`)."""
+    """The console line of a stage's news (`TransitionWatcher.stage_news`). "begins" claims the
+    lead (the series that moved first so far) and a name only where the members so far already
+    match its signature ("so far": more members may come); not the other members, which the
+    confirmation lists."""
     at = f"{trainer.member} step {step}" if getattr(trainer, "member", None) else f"step {step}"
     if what == "begins":
-        others = sorted({m["series"] for m in stage.members} - {stage.lead})
-        name = f" ({stage.name})" if stage.name else ""
-        return (f"phasewatch: {at}: stage {stage.id}{name} begins at step {stage.onset}, led by {stage.lead}"
-                + (f", with {', '.join(others)}" if others else ""))
+        name = f" ({stage.name} so far)" if stage.name else ""
+        return f"phasewatch: {at}: stage {stage.id}{name} begins at step {stage.onset}, led by {stage.lead}"
     if what == "withdrawn":
         return f"phasewatch: {at}: stage {stage.id} was said to begin but training ended before it was confirmed"
     return f"phasewatch: {at}: confirmed {stage.summary()}"

@@ -62,6 +62,17 @@ EVENT_COLUMNS = ("stage", "metric", "direction", "onset", "midpoint", "end", "ma
 MAX_ALERTS = 5
 
 
+#: the columns of the run's stages table (summary key `stages/table`): each stage's latest news
+STAGE_COLUMNS = ("id", "said", "name", "onset", "midpoint", "end", "lead", "type", "moved")
+
+
+def stage_row(what: str, stage) -> list:
+    """A stage (phases/stages.py `Stage`) and what was last said of it ("begins", "confirmed",
+    "withdrawn") as a row of the stages table."""
+    moved = ", ".join(f"{m['series']} {m['direction']}" for m in stage.members)
+    return [stage.id, what, stage.name, stage.onset, stage.midpoint, stage.end, stage.lead, stage.type, moved]
+
+
 def event_row(event: dict) -> list:
     """An event as a row of the events table (an event without a stage is a confirmed transition)."""
     return [event.get("stage", "confirmed") if c == "stage" else event.get(c) for c in EVENT_COLUMNS]
@@ -93,6 +104,7 @@ class SafeWandbLogger(WandbLogger):
             self._wandb_init["settings"] = wandb.Settings(silent=True)
         self._rows: list[list] = []  # the events table so far
         self._alerted: set[tuple[str, str]] = set()
+        self._stages: dict[int, list] = {}  # stage id -> its row of the stages table
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Kept in each checkpoint, so that resuming from it calls `restore_checkpoint_state`."""
@@ -173,6 +185,24 @@ class SafeWandbLogger(WandbLogger):
                       f"{event['onset']} to {event['end']} (midpoint {event['midpoint']}; seen at step "
                       f"{event.get('detected_at', '?')})"),
                 level=wandb.AlertLevel.INFO))
+
+    def log_stage(self, what: str, stage) -> None:
+        """A stage's news (the watcher's `stage_news`: "begins", "confirmed", "withdrawn") into the
+        run's stages table (summary key `stages/table`, one row per stage: its latest news), and
+        a W&B alert when a stage is confirmed (one per stage). W&B offers no marks on its
+        charts' x-axis from the SDK (docs/stages.md, Live)."""
+        import wandb
+
+        if what == "withdrawn" and stage.id in self._stages:
+            self._stages[stage.id][1] = what
+        else:
+            self._stages[stage.id] = stage_row(what, stage)
+        table = wandb.Table(columns=list(STAGE_COLUMNS), data=[list(self._stages[k]) for k in sorted(self._stages)],
+                            allow_mixed_types=True)
+        self._guard(lambda: self.experiment.summary.update({"stages/table": table}))
+        if what == "confirmed":
+            self._guard(lambda: self.experiment.alert(title=f"stage {stage.id} {stage.name or '(unnamed)'}",
+                                                      text=stage.summary(), level=wandb.AlertLevel.INFO))
 
     def log_tables(self, tables: dict[str, tuple[list[str], list[list]]]) -> None:
         """W&B Tables in the run's summary: {key: (columns, rows)}."""

@@ -220,6 +220,14 @@ def _clusters(events: list[dict], series: dict, level: float) -> list[list[dict]
     return [events[i:j] for i, j in zip(cuts, cuts[1:])]
 
 
+def _one_time(events: list[dict], series: dict, level: float) -> bool:
+    """The events' midpoints are one time up to their scales (`_clusters`' test)."""
+    t = np.array([_times(e)[1] for e in events])
+    weight = 1 / np.array([_scale(e, series) for e in events]) ** 2
+    chi2 = float(np.sum(weight * t * t) - np.sum(weight * t) ** 2 / np.sum(weight))
+    return len(events) < 2 or chi2 <= _chi2_quantile(level, len(events) - 1)
+
+
 def _qualifies(members: list[dict], rules: StageRules) -> bool:
     """Series of two families, or a headline series."""
     return (len({rules.family(m["metric"]) for m in members}) >= 2
@@ -273,18 +281,34 @@ def stage_type(onset: int, end: int, series: dict) -> str | None:
     return None
 
 
-def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable[str] = ()) -> list[str | None]:
+def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable[str] = (),
+                 fixed: dict[int, str | None] | None = None) -> list[str | None]:
     """The names of a run's stages (each a list of members, in time order), assigned over the
     whole sequence: each stage takes the name of a signature it matches or none; a signature
     names at most one stage, and the signatures of one `sequence` name stages in their declared
     order. Of the assignments, the one naming most stages; of those, the one naming earlier
     stages, then giving a stage the signature with more `moves` entries, then the one declared
-    first (docs/stages.md, Names)."""
-    keys = list(keys)
+    first (docs/stages.md, Names). `fixed`: stage index -> its name, kept as it is (a stage
+    already said, live)."""
+    keys, fixed = list(keys), fixed or {}
     order = {s.name: k for k, s in enumerate(rules.signatures)}
     sequences = sorted({s.sequence for s in rules.signatures if s.sequence is not None})
     matched = [[s for s in rules.signatures if s.matches({(m["metric"], m["direction"]) for m in members}, keys)]
                for members in stages]
+    for i, name in fixed.items():
+        matched[i] = [s for s in rules.signatures if s.name == name]
+    sequence_of = {s.name: s.sequence for s in rules.signatures}
+    held = set(fixed.values())
+
+    def allowed(i: int, sig: Signature, used: frozenset, last: tuple) -> bool:
+        """A name stage i may take: unused, held by no fixed stage, in its sequence's order (after
+        the names taken before, before the fixed stages' after it)."""
+        if i in fixed:
+            return True
+        if sig.name in used or sig.name in held:
+            return False
+        return sig.sequence is None or (order[sig.name] > last[sequences.index(sig.sequence)] and all(
+            order[name] > order[sig.name] for j, name in fixed.items() if j > i and sequence_of.get(name) == sig.sequence))
     memo: dict = {}
 
     def best(i: int, used: frozenset, last: tuple) -> tuple:
@@ -293,14 +317,14 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
         if i == len(stages):
             return 0, (), (), ()
         if (i, used, last) not in memo:
-            count, flags, ranks, names = best(i + 1, used, last)
-            options = [(count, (0,) + flags, ((0, 0),) + ranks, (None,) + names)]
+            options = []
+            if fixed.get(i) is None or not matched[i]:
+                count, flags, ranks, names = best(i + 1, used, last)
+                options.append((count, (0,) + flags, ((0, 0),) + ranks, (None,) + names))
             for sig in matched[i]:
-                if sig.name in used:
+                if not allowed(i, sig, used, last):
                     continue
                 slot = sequences.index(sig.sequence) if sig.sequence is not None else None
-                if slot is not None and order[sig.name] <= last[slot]:
-                    continue
                 after = last if slot is None else last[:slot] + (order[sig.name],) + last[slot + 1:]
                 count, flags, ranks, names = best(i + 1, used | {sig.name}, after)
                 options.append((count + 1, (1,) + flags, ((len(sig.moves), -order[sig.name]),) + ranks, (sig.name,) + names))
@@ -328,11 +352,11 @@ def _size(event: dict, series: dict) -> float | None:
     return round(float(event["magnitude"]) / span, 4) if span > 0 else None
 
 
-def _carry_ids(stages: list[Stage], previous: Sequence[Stage]) -> None:
+def _carry_ids(stages: list[Stage], previous: Sequence[Stage], taken: set[int] = frozenset()) -> None:
     """Give each stage the id of the previous stage it shares most moved series with (spans
-    overlapping in steps), one to one; new ids after the largest used."""
-    taken: set[int] = set()
-    next_id = max([s.id for s in previous] + [0]) + 1
+    overlapping in steps), one to one, ids in `taken` excepted; new ids after the largest used."""
+    taken = set(taken)
+    next_id = max([s.id for s in previous] + list(taken) + [0]) + 1
     for stage in stages:
         mine = {(m["series"], m["direction"]) for m in stage.members}
         best, shared = None, 0
@@ -349,26 +373,50 @@ def _carry_ids(stages: list[Stage], previous: Sequence[Stage]) -> None:
         taken.add(stage.id)
 
 
+def _key(event: dict) -> tuple:
+    return tuple(event.get(k) for k in ("metric", "direction", "onset", "midpoint", "end"))
+
+
 def detect_stages(events: Iterable, series: dict, rules: StageRules | None = None,
-                  previous: Sequence[Stage] | None = None, level: float = LEVEL) -> list[Stage]:
+                  previous: Sequence[Stage] | None = None, level: float = LEVEL,
+                  keep: Sequence[Stage] = ()) -> list[Stage]:
     """The stages of a run, in order (module docstring). `events`: per-series transitions;
     `series`: metric -> (steps, values) (for sizes, signatures' `run_has` and types);
-    `previous`: the stages of an earlier call, whose ids carry over."""
+    `previous`: the stages of an earlier call, whose ids carry over; `keep`: stages kept with
+    their ids, names and members (live: those already confirmed), their members' events left
+    out of the grouping; a transition at one time with a kept stage (`_one_time`) joins it."""
     rules = rules or StageRules()
+    kept = {_key(m) for stage in keep for m in stage.members}
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
-    stages, groups = [], _group(usable, series, rules, level)
-    names = assign_names(groups, rules, list(series) + [e["metric"] for e in usable])
-    for k, (members, name) in enumerate(zip(groups, names), start=1):
+    keep = [dataclasses.replace(stage, members=list(stage.members)) for stage in keep]
+    rest = [e for e in usable if _key(e) not in kept]
+    for e in [e for e in rest if e.get("kind", "transition") == "transition"]:  # joins a kept stage at its time
+        home = [k for k in keep if _one_time(k.members + [e], series, level)]
+        if home:
+            stage = min(home, key=lambda k: abs(_times(e)[1] - math.log10(max(k.midpoint, 1))))
+            stage.members.append({**e, "series": e["metric"], "size": _size(e, series)})
+            stage.onset, stage.end = min(stage.onset, int(e["onset"])), max(stage.end, int(e["end"]))
+            stage.midpoint = _midpoint(stage.members, series)
+            rest.remove(e)
+    new = []
+    for members in _group(rest, series, rules, level):
         members = sorted(members, key=lambda m: (m["midpoint"], m["metric"]))
         for m in members:
             m["series"], m["size"] = m["metric"], _size(m, series)
         lead = min(members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))
         onset, end = min(m["onset"] for m in members), max(m["end"] for m in members)
-        stages.append(Stage(id=k, onset=int(onset), midpoint=_midpoint(members, series), end=int(end), members=members,
-                            lead=lead["series"], name=name,
-                            type=stage_type(onset, end, series)))
-    if previous is not None:
-        _carry_ids(stages, previous)
+        new.append(Stage(id=0, onset=int(onset), midpoint=_midpoint(members, series), end=int(end), members=members,
+                         lead=lead["series"], type=stage_type(onset, end, series)))
+    stages = sorted([*keep, *new], key=lambda s: (s.midpoint, s.onset))
+    fixed = {i: s.name for i, s in enumerate(stages) if any(s is k for k in keep)}
+    names = assign_names([s.members for s in stages], rules, list(series) + [e["metric"] for e in usable], fixed)
+    for stage, name in zip(stages, names):
+        stage.name = name
+    if previous is not None or keep:
+        _carry_ids(new, [s for s in previous or () if all(s.id != k.id for k in keep)], {k.id for k in keep})
+    else:
+        for k, stage in enumerate(stages, start=1):
+            stage.id = k
     return stages
 
 

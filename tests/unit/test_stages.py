@@ -220,6 +220,11 @@ def test_names_are_assigned_over_the_whole_sequence():
     found = detect_stages([e for stage in stages for e in stage], {}, rules)
     assert [s.name for s in found] == [None, "A", "B", "C", None]
     assert assign_names([found[2].members, found[1].members], rules) == ["B", None]  # B then A: not in order
+    # a fixed name (a stage already said, live) is held: no other stage takes it or goes against its order
+    b_like, a_like = found[2].members, found[1].members
+    assert assign_names([b_like, a_like], rules, fixed={1: "B"}) == [None, "B"]
+    assert assign_names([b_like, a_like], rules, fixed={1: "A"}) == [None, "A"]
+    assert assign_names([a_like, b_like], rules, fixed={0: None}) == [None, "B"]
 
 
 def test_stage_types_from_the_llc_and_the_loss():

@@ -1,0 +1,61 @@
+"""The watcher's stage news (callbacks/transitions.py `stage_news`, `_stage_line`): what a
+"begins" line claims, and a confirmed stage kept as it was said, on hand-made looks (the
+detector's changes under way and confirmed transitions given, not fitted)."""
+
+import numpy as np
+
+import phasewatch.probes  # noqa: F401  (the probes' declarations: the grokking phases)
+from phasewatch.callbacks.transitions import TransitionWatcher, _stage_line
+
+STEPS = np.arange(10, 1001, 10)
+#: a grokking run's series (the grokking signatures apply to runs logging the restricted loss)
+SERIES = {k: (STEPS, np.linspace(1.0, 0.0, len(STEPS))) for k in
+          ("train/acc", "train/loss", "val/acc", "grok/weight_norm", "grok/gini_embed", "grok/restricted_loss")}
+
+
+def change(metric, onset, midpoint, end, direction="down", under_way=False):
+    kind = {"kind": "in_progress"} if under_way else {"kind": "transition", "stage": "confirmed"}
+    return {"metric": metric, "direction": direction, "onset": onset, "midpoint": midpoint, "end": end,
+            "magnitude": 1.0, **kind}
+
+
+class Trainer:
+    member = None
+
+
+def look(watcher, step, confirmed, under_way):
+    """One look: the transitions confirmed so far and the changes under way, as the detector gave them."""
+    watcher.reported = list(confirmed)
+    watcher._fits_under_way = {}
+    for e in under_way:
+        watcher._fits_under_way.setdefault(e["metric"], []).append(e)
+    return [(what, stage.id, stage.name, _stage_line(Trainer(), step, what, stage), sorted(m["series"] for m in stage.members))
+            for what, stage in watcher.stage_news(SERIES, step)]
+
+
+def test_begins_claims_the_lead_and_a_name_only_once_met_and_a_confirmed_stage_stays_as_said():
+    w = TransitionWatcher()
+    memorise = [change("train/acc", 20, 35, 60, "up"), change("train/loss", 25, 40, 70)]
+    # memorisation under way: its signature is met by the members so far, so it is named
+    (said,) = look(w, 60, [], [change("train/acc", 20, 35, 60, "up", under_way=True)])
+    assert said[:3] == ("begins", 1, "memorisation")
+    assert "led by train/acc" in said[3] and "memorisation so far" in said[3]
+    (said,) = look(w, 100, memorise, [])
+    assert said[:3] == ("confirmed", 1, "memorisation") and said[4] == ["train/acc", "train/loss"]
+    # the weights shrink: cleanup's signature needs the test loss or accuracy too, so no name yet;
+    # the line names the lead only, not the other series under way
+    shrink = change("grok/weight_norm", 200, 300, 450, under_way=True)
+    (said,) = look(w, 400, memorise, [shrink, change("grok/gini_embed", 210, 310, 440, "up", under_way=True)])
+    assert said[0] == "begins" and said[2] is None and "(" not in said[3].split("stage")[1]
+    assert "led by grok/weight_norm" in said[3] and "gini" not in said[3]
+    assert look(w, 600, memorise, [shrink, change("val/acc", 250, 320, 420, "up", under_way=True)]) == []
+    cleanup = [change("grok/weight_norm", 200, 300, 450), change("val/acc", 250, 320, 420, "up")]
+    # a second fall of the train loss, confirmed late, at memorisation's time joins it silently
+    # (its name and id as said); another, at a time of its own, is a stage of its own but no
+    # second memorisation
+    late, again = change("train/loss", 30, 45, 80), change("train/loss", 700, 780, 850)
+    news = look(w, 1000, memorise + cleanup + [late, again], [])
+    assert sorted((n[0], n[1], n[2]) for n in news) == [("confirmed", 2, "cleanup"), ("confirmed", 3, None)]
+    assert [(s.id, s.name, sorted(m["series"] for m in s.members)) for s in w.stages] == [
+        (1, "memorisation", ["train/acc", "train/loss", "train/loss"]), (2, "cleanup", ["grok/weight_norm", "val/acc"]),
+        (3, None, ["train/loss"])]
