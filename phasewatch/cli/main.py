@@ -181,18 +181,18 @@ def analyze_command(argv: list[str]) -> int:
     parser.add_argument("target", metavar="RUN_DIR|FILE.pth",
                         help="a run folder of phasewatch fit, or a .pth file such as ../shared/reference/"
                              "progress-measures-paper/wd_10-1_mod_addition_loss_curve.pth")
-    folder = parser.add_argument_group("for a run folder")
-    folder.add_argument("--probes", nargs="+", help="probe names, e.g. llc (an unknown name gets the list)")
-    folder.add_argument("--options", default=None,
+    for_runs = parser.add_argument_group("for a run folder")
+    for_runs.add_argument("--probes", nargs="+", help="probe names, e.g. llc (an unknown name gets the list)")
+    for_runs.add_argument("--options", default=None,
                         help='JSON options per probe, on top of those in the run\'s config (probes.options), '
                              'e.g. \'{"llc": {"draws": 400}}\'')
-    folder.add_argument("--replace", action="store_true", help="measure keys the run already has again")
-    folder.add_argument("--device", default="auto",
+    for_runs.add_argument("--replace", action="store_true", help="measure keys the run already has again")
+    for_runs.add_argument("--device", default="auto",
                         help="where the probes run: auto (the GPU when there is one; default), cpu, cuda, cuda:N")
-    folder.add_argument("--allow", nargs="+", metavar="MODULE",
+    for_runs.add_argument("--allow", nargs="+", metavar="MODULE",
                         help="modules whose classes the run's config may name besides phasewatch's and installed "
                              "plug-ins' (a run folder from someone else names code that would run)")
-    folder.add_argument("--no_wandb", action="store_true",
+    for_runs.add_argument("--no_wandb", action="store_true",
                         help="no W&B run for this analysis (none either when the run was trained with --no_wandb)")
     args = parser.parse_args(argv)
     if Path(args.target).is_dir():
@@ -249,8 +249,38 @@ def analyze_paper_checkpoint(path: str) -> int:
 def phases_command(argv: list[str]) -> int:
     """`phases PATH`: the stages of a run (several series changing together, phases/stages.py)
     first; each series' transitions and lead/lag with `--series`."""
-    import argparse
     import json
+
+    args = _phases_parser().parse_args(argv)
+    import phasewatch.probes  # noqa: F401  (the probes' key declarations: families, headline keys, stages)
+    from phasewatch.phases.detector import DetectorConfig, detect_all
+    from phasewatch.phases.stages import detect_stages
+    from phasewatch.probes.keys import stage_rules
+
+    try:
+        data = _named_series(args.path, args.keys)
+    except (FileNotFoundError, _NoSuchSeries) as err:
+        print(f"phasewatch: error: {err}", file=sys.stderr)
+        return 2
+    rules = stage_rules()
+    watched = data if args.series else {k: v for k, v in data.items() if not rules.detail(k)}
+    found = detect_all(watched, DetectorConfig(log_values=args.log_values), trends=args.trends and args.series,
+                       declared=None if args.log_values else rules.scale)  # the live watcher's scales (phases/scale.py)
+    events = [e for e in found if e["kind"] == "transition"]
+    stages = detect_stages(events, watched, rules)
+    if args.json:
+        for record in (found if args.series else [s.to_dict() for s in stages]):
+            print(json.dumps(record))
+        return 0
+    _print_stages(stages, events, len(data), args.path)
+    if args.series:
+        _print_transitions(found, events, len(data), args.path, args.trends)
+        _print_lead_lag(events, args.reference or ("val/loss" if "val/loss" in data else None))
+    return 0
+
+
+def _phases_parser():
+    import argparse
 
     parser = argparse.ArgumentParser(
         prog="phasewatch phases",
@@ -273,62 +303,61 @@ def phases_command(argv: list[str]) -> int:
     parser.add_argument("--trends", action="store_true",
                         help="with --series, also list the steady changes that are not transitions (kind 'trend', "
                              "docs/phases.md)")
-    args = parser.parse_args(argv)
-    from phasewatch.phases.detector import DetectorConfig, detect_all, lead_lag
-    from phasewatch.phases.stages import detect_stages
-    from phasewatch.probes.keys import stage_rules
-    from phasewatch.rundir import load_series
-    import phasewatch.probes  # noqa: F401  (the probes' key declarations: families, headline keys, stages)
+    return parser
 
-    try:
-        data = load_series(args.path)
-    except FileNotFoundError as err:
-        print(f"phasewatch: error: {err}", file=sys.stderr)
-        return 2
-    if args.keys:
-        missing = [k for k in args.keys if k not in data]
-        if missing:
-            print(f"phasewatch: error: no series {missing} in {args.path}; it has: {', '.join(sorted(data))}",
-                  file=sys.stderr)
-            return 2
-        data = {k: data[k] for k in args.keys}
-    rules = stage_rules()
-    watched = data if args.series else {k: v for k, v in data.items() if not rules.detail(k)}
-    found = detect_all(watched, DetectorConfig(log_values=args.log_values), trends=args.trends and args.series,
-                       declared=None if args.log_values else rules.scale)  # the live watcher's scales (phases/scale.py)
-    events = [e for e in found if e["kind"] == "transition"]
-    stages = detect_stages(events, watched, rules)
-    if args.json:
-        for record in (found if args.series else [s.to_dict() for s in stages]):
-            print(json.dumps(record))
-        return 0
+
+class _NoSuchSeries(LookupError):
+    """A series asked for by name that the run does not have."""
+
+
+def _named_series(path: str, keys: list[str] | None) -> dict:
+    """The series of a run folder, metrics file or CSV file (`keys`: only those; none
+    missing)."""
+    from phasewatch.rundir import load_series
+
+    data = load_series(path)
+    if not keys:
+        return data
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise _NoSuchSeries(f"no series {missing} in {path}; it has: {', '.join(sorted(data))}")
+    return {k: data[k] for k in keys}
+
+
+def _print_stages(stages: list, events: list[dict], n_series: int, path: str) -> None:
     in_stages = sum(len(s.members) for s in stages)
-    print(f"{len(stages)} stage{'s' * (len(stages) != 1)} in {len(data)} series of {args.path} "
+    print(f"{len(stages)} stage{'s' * (len(stages) != 1)} in {n_series} series of {path} "
           f"({in_stages} of their {len(events)} transitions; each series' with --series)")
     for stage in stages:
         print(f"  {stage.summary()}")
-    if not args.series:
-        return 0
-    trends = f" (and {len(found) - len(events)} trends)" if args.trends else ""
-    print(f"\n{len(events)} transitions{trends} in {len(data)} series of {args.path}")
-    if found:
-        print(f"{'metric':34s} {'dir':4s} {'onset':>8s} {'midpoint':>9s} {'end':>8s} {'magnitude':>10s} "
-              f"{'steepest':>9s} {'conf':>5s}{'  kind' if args.trends else ''}")
-        for e in found:
-            print(f"{e['metric'][:34]:34s} {e['direction']:4s} {e['onset']:8d} {e['midpoint']:9d} {e['end']:8d} "
-                  f"{e['magnitude']:10.4g} {e['steepest']:9d} {e['confidence']:5.2f}"
-                  f"{'  ' + e['kind'] if args.trends else ''}")
-    reference = args.reference or ("val/loss" if "val/loss" in data else None)
-    rows = lead_lag(events, reference) if reference else []
+
+
+def _print_transitions(found: list[dict], events: list[dict], n_series: int, path: str, trends: bool) -> None:
+    """Each series' transitions (and, with `trends`, its trends) as a table."""
+    counted = f" (and {len(found) - len(events)} trends)" if trends else ""
+    print(f"\n{len(events)} transitions{counted} in {n_series} series of {path}")
+    if not found:
+        return
+    print(f"{'metric':34s} {'dir':4s} {'onset':>8s} {'midpoint':>9s} {'end':>8s} {'magnitude':>10s} "
+          f"{'steepest':>9s} {'conf':>5s}{'  kind' if trends else ''}")
+    for e in found:
+        print(f"{e['metric'][:34]:34s} {e['direction']:4s} {e['onset']:8d} {e['midpoint']:9d} {e['end']:8d} "
+              f"{e['magnitude']:10.4g} {e['steepest']:9d} {e['confidence']:5.2f}"
+              f"{'  ' + e['kind'] if trends else ''}")
+
+
+def _print_lead_lag(events: list[dict], reference: str | None) -> None:
+    """How far each series' transitions lead those of `reference` (none without one)."""
+    from phasewatch.phases.detector import lead_lag
+
     current = None
-    for r in rows:
+    for r in (lead_lag(events, reference) if reference else []):
         if (r["reference_direction"], r["reference_midpoint"]) != current:
             current = (r["reference_direction"], r["reference_midpoint"])
             print(f"\nlead/lag against {reference} going {current[0]} (midpoint {current[1]}); "
                   "positive = earlier:")
         print(f"  {r['metric']:32s} {r['direction']:4s} midpoint {r['midpoint']:7d}  leads by {r['lead']:6d} steps "
               f"(onset by {r['onset_lead']:6d})")
-    return 0
 
 
 def report_command(argv: list[str]) -> int:
