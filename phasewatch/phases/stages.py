@@ -423,8 +423,13 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
 def run_stages(folder, rules: StageRules | None = None, events: Iterable | None = None) -> list[Stage]:
     """A run folder's stages: of `events`, by default the detector's transitions (on each
     series' declared scale) in every series that is not detail (what `phasewatch phases RUN` shows)."""
+    return series_stages(folder.series(), rules, events)
+
+
+def series_stages(series: dict, rules: StageRules | None = None, events: Iterable | None = None) -> list[Stage]:
+    """`run_stages` of series already read ({key: (steps, values)})."""
     rules = rules or StageRules()
-    series = {k: v for k, v in folder.series().items() if not rules.detail(k)}
+    series = {k: v for k, v in series.items() if not rules.detail(k)}
     found = detect_all(series, declared=rules.scale) if events is None else events
     return detect_stages(found, series, rules)
 

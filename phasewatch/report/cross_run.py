@@ -1,8 +1,9 @@
-"""Cross-run table (`phasewatch compare`): each run's hyperparameters and the midpoint steps of
-its headline transitions (detected offline, phases/detector.py), for a sweep folder, a
-population or runs given one by one; runs that differ only in seeds are grouped into
-distributions (median, quartiles, extremes). Writes `<out>.csv` and `<out>.png`. Details:
-docs/report.md ("Comparing runs")."""
+"""Cross-run table (`phasewatch compare`): each run's hyperparameters, the midpoint steps of
+its headline transitions (detected offline, phases/detector.py) and its stages
+(phases/stages.py), for a sweep folder, a population or runs given one by one; runs that
+differ only in seeds are grouped into distributions (median, quartiles, extremes) and how
+many share a stage sequence. Writes `<out>.csv` and `<out>.png`. Details: docs/report.md
+("Comparing runs"), docs/stages.md."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from phasewatch.rundir import RunFolder, Series, SweepFolder, csv_cell as _cell,
 IGNORED_CONFIG = ("run_dir", "checkpoints.dirpath", "ckpt_path")
 #: the rows compare adds per group of runs that differ only in seeds (a population, or a sweep's seeds)
 STATISTICS = ("n", "median", "q25", "q75", "min", "max")
+#: each named stage's columns: `stage <name> <boundary>`
+BOUNDARIES = ("onset", "midpoint", "end")
 
 
 def is_seed(key: str) -> bool:
@@ -58,21 +61,40 @@ def hyperparameters(runs: list[tuple[Path, dict[str, Any]]]) -> list[dict[str, A
     return [{k: c.get(k) for k in varying} for c in configs]
 
 
-def compare(paths: list[str | os.PathLike], keys: list[str] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+def compare(paths: list[str | os.PathLike], keys: list[str] | None = None,
+            stages: bool = True) -> tuple[list[str], list[dict[str, Any]]]:
     """The table as (columns, rows): run, state, hyperparameters, final values of the
-    keys, and `<key> <up|down>` transition midpoints."""
+    keys, `<key> <up|down>` transition midpoints and, with `stages`, each run's stages
+    (`stage_cells`)."""
     runs = find_runs(paths)
-    return compare_runs(runs, [RunFolder(run_dir).series() for run_dir, _ in runs], keys)
+    return compare_runs(runs, [RunFolder(run_dir).series() for run_dir, _ in runs], keys, stages)
+
+
+def stage_cells(stages: list) -> dict[str, Any]:
+    """A run's stages (phases/stages.py) as cells: `stages`, the sequence of its named stages
+    ("a > b"), `unnamed stages`, how many are unnamed, and each named stage's steps
+    (`stage <name> <onset|midpoint|end>`)."""
+    cells: dict[str, Any] = {"stages": " > ".join(s.name for s in stages if s.name),
+                             "unnamed stages": sum(s.name is None for s in stages)}
+    for stage in stages:
+        if stage.name:
+            cells.update({f"stage {stage.name} {b}": getattr(stage, b) for b in BOUNDARIES})
+    return cells
 
 
 def compare_runs(runs: list[tuple[Path, dict[str, Any]]], series: list[Series],
-                 keys: list[str] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+                 keys: list[str] | None = None, stages: bool = False) -> tuple[list[str], list[dict[str, Any]]]:
     """`compare`'s table for `runs` (as `find_runs` gives them) whose series the caller has
     already read (`series[i]`: `RunFolder(runs[i][0]).series()`), so that they are read once
-    (the population report also plots them)."""
+    (the population report also plots them); with `stages`, each run's stages found in its
+    series (`stage_cells`, as `phasewatch phases` finds them: a stages file written by older
+    code is not trusted) and, per group of seeds, their boundaries' distributions and how many
+    share a sequence (`distributions`)."""
     from phasewatch.phases.detector import detect_all
+    from phasewatch.phases.stages import series_stages
+    from phasewatch.probes.keys import stage_rules
 
-    params = hyperparameters(runs)
+    params, rules = hyperparameters(runs), stage_rules()
     present = {k for s in series for k in s}
     if keys:
         missing = [k for k in keys if k not in present]
@@ -96,34 +118,51 @@ def compare_runs(runs: list[tuple[Path, dict[str, Any]]], series: list[Series],
                 row[column] = event["midpoint"]
                 if column not in transition_columns:
                     transition_columns.append(column)
+        if stages:
+            row.update(stage_cells(series_stages(s, rules)))
         rows.append(row)
     param_columns = list(dict.fromkeys(k for p in params for k in p))
     order = {k: i for i, k in enumerate(chosen)}
     transition_columns.sort(key=lambda c: (order[c.rsplit(" ", 1)[0]], c))
-    columns = ["run", "state", *param_columns, *[f"final {k}" for k in chosen], *transition_columns]
-    return columns, rows + distributions(rows, param_columns, transition_columns)
+    stage_columns = [f"stage {sig.name} {b}" for sig in rules.signatures for b in BOUNDARIES
+                     if any(f"stage {sig.name} {b}" in r for r in rows)] if stages else []
+    columns = ["run", "state", *param_columns, *[f"final {k}" for k in chosen], *transition_columns,
+               *(["stages", "unnamed stages"] if stages else []), *stage_columns]
+    summary = distributions(rows, param_columns, transition_columns + stage_columns, "stages" if stages else None)
+    return columns, rows + summary
 
 
-def distributions(rows: list[dict[str, Any]], params: list[str], transitions: list[str]) -> list[dict[str, Any]]:
-    """Per group of runs that differ only in seeds (`is_seed`), with at least 2 runs: one row
-    per statistic of STATISTICS (run = its name, state = "<runs> seeds") holding, per transition
-    column, that statistic of the midpoint steps over the runs that have the transition (`n`:
-    how many have it; quartiles by linear interpolation, numpy's default)."""
-    import numpy as np
-
+def _seed_groups(rows: list[dict[str, Any]], params: list[str]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(the other parameters' values, the runs) per group of at least 2 runs that differ only
+    in seeds (`is_seed`); none when no seed varies."""
     fixed = [p for p in params if not is_seed(p)]
     if len(fixed) == len(params):
         return []  # no seed varies
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(json.dumps([row.get(p) for p in fixed], default=str), []).append(row)
+    return [({p: members[0].get(p) for p in fixed}, members) for members in groups.values() if len(members) >= 2]
+
+
+def distributions(rows: list[dict[str, Any]], params: list[str], transitions: list[str],
+                  sequence: str | None = None) -> list[dict[str, Any]]:
+    """Per group of runs that differ only in seeds (`is_seed`), with at least 2 runs: one row
+    per statistic of STATISTICS (run = its name, state = "<runs> seeds") holding, per transition
+    column, that statistic of the midpoint steps over the runs that have the transition (`n`:
+    how many have it; quartiles by linear interpolation, numpy's default). The `n` row's cell
+    of the `sequence` column (the runs' stage sequences) says how many runs share the most
+    common one, and which ("14 of 16: a > b"; of equally common ones, the first met)."""
+    import numpy as np
+
     out = []
-    for members in groups.values():
-        if len(members) < 2:
-            continue
+    for fixed, members in _seed_groups(rows, params):
         values = {c: np.array([r[c] for r in members if r.get(c) is not None], dtype=float) for c in transitions}
         for stat in STATISTICS:
-            row = {"run": stat, "state": f"{len(members)} seeds", **{p: members[0].get(p) for p in fixed}}
+            row = {"run": stat, "state": f"{len(members)} seeds", **fixed}
+            if stat == "n" and sequence is not None:
+                found = [r.get(sequence) or "(none named)" for r in members]
+                common = max(dict.fromkeys(found), key=found.count)
+                row[sequence] = f"{found.count(common)} of {len(members)}: {common}"
             for column, v in values.items():
                 if stat == "n":  # how many of the seeds have the transition: the others are left out
                     row[column] = len(v)
@@ -148,7 +187,8 @@ def plot_compare(columns: list[str], rows: list[dict[str, Any]], path: str | os.
 
     rows = [r for r in rows if r.get("run") not in STATISTICS]  # the runs themselves, not the summary rows
     transitions = [c for c in columns if c.endswith((" up", " down"))][:max_panels]
-    params = [c for c in columns[2:] if not c.startswith("final ") and c not in transitions
+    params = [c for c in columns[2:] if not c.startswith(("final ", "stage")) and c != "unnamed stages"
+              and c not in transitions
               and not c.endswith((" up", " down")) and len({_cell(r.get(c)) for r in rows}) > 1]
     if x is None and params and all(is_seed(p) for p in params):
         return plot_distributions(transitions, rows, path)
@@ -240,11 +280,13 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument("--keys", nargs="*", help=f"series to compare (default: those of {', '.join(headline_keys())})")
     parser.add_argument("--x", default=None, help="parameter on the plot's x axis (default: the first that varies)")
     parser.add_argument("--hue", default=None, help="parameter that colours the points (default: the next one)")
+    parser.add_argument("--no-stages", action="store_true",
+                        help="leave out each run's stages (found in its series, as `phasewatch phases`; the slow part)")
     parser.add_argument("--out", default=None,
                         help="output path without suffix (default: <sweep folder>/compare, or ./compare)")
     args = parser.parse_args(argv)
     try:
-        columns, rows = compare(args.paths, args.keys)
+        columns, rows = compare(args.paths, args.keys, stages=not args.no_stages)
     except (FileNotFoundError, KeyError) as err:
         print(f"phasewatch: error: {err.args[0]}", file=sys.stderr)
         return 2
