@@ -17,6 +17,7 @@ keys the run already has (`--replace` drops their old values first, arrays inclu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -111,67 +112,99 @@ def analyze_run(run_dir: str | os.PathLike, names: list[str], options: dict[str,
     """Run `names` on every saved checkpoint of the run; returns the steps measured. The
     run's config may name classes of `allow`'s modules and of the probes named by a dotted
     name, besides phasewatch's and the installed plug-ins'."""
-    from tqdm import tqdm
-
-    from phasewatch.loggers.wandb_logger import make_analysis_logger
-
     folder = RunFolder(run_dir)
-    on = resolve_device(device)
+    plan = _plan(run_dir, folder, names, options or {}, resolve_device(device), allow)
+    folder.acquire_lock()
+    try:
+        wandb_id = _measure_every_checkpoint(folder, plan, replace, progress, wandb)
+        # what produced these values (a run's own probes are in its config)
+        folder.add_analysis({
+            "probes": plan.names, "options": plan.options, "options_from_step": plan.options_from_step,
+            "device": str(plan.device), "steps": list(plan.steps), "replace": replace, "wandb_id": wandb_id,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    finally:
+        folder.release_lock()
+    return list(plan.steps)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What one analysis measures: the run's module (on `device`) and config, the probes and
+    their options (completed from the last checkpoint at `options_from_step`, or None), and
+    the step checkpoints {step: file}."""
+
+    module: TrainModule
+    config: dict[str, Any]
+    probes: list
+    options: dict[str, dict]
+    options_from_step: int | None
+    steps: dict[int, Any]
+    device: torch.device
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.probes]
+
+
+def _plan(run_dir: str | os.PathLike, folder: RunFolder, names: list[str], options: dict[str, dict],
+          device: torch.device, allow: tuple[str, ...]) -> _Plan:
+    """The run rebuilt, its probes and options checked and completed, its checkpoints listed;
+    ConfigError (nothing written) for what cannot be measured."""
     named = tuple(n.partition(":")[0] for n in names if ":" in n)
     run = load_run_config(run_dir, tuple(allow) + named)
-    module = run.model.to(on)
-    run_config = run.config
+    module = run.model.to(device)
     probes = [get_probe(n, module.task) for n in names]
     names = [p.name for p in probes]  # a plug-in named by its dotted path measures under its own name
-    check_options(options or {}, "options", running=names)
-    options = run_options(run_config, names, options or {})
+    check_options(options, "options", running=names)
+    given = run_options(run.config, names, options)
     steps = folder.checkpoint_steps()
     if not steps:
         raise ConfigError("run_dir", f"no step checkpoints in {folder.checkpoints}",
                           "Train with a checkpoint schedule (the default saves 30 log-spaced ones).")
     last_step, last = next(reversed(steps.items()))
-    given, options = options, finished_run_options(module, probes, options, last)
-    completed = options != given
+    completed = finished_run_options(module, probes, given, last)
     for name in names:
-        if options.get(name) != given.get(name):
-            print(f"phasewatch: {name} measures every checkpoint with {options[name]} "
+        if completed.get(name) != given.get(name):
+            print(f"phasewatch: {name} measures every checkpoint with {completed[name]} "
                   f"(from the last checkpoint, step {last_step})")
-    folder.acquire_lock()
+    return _Plan(module, run.config, probes, completed, last_step if completed != given else None, steps, device)
+
+
+def _measure_every_checkpoint(folder: RunFolder, plan: _Plan, replace: bool, progress: bool,
+                              wandb: bool) -> str | None:
+    """The probes on each checkpoint in step order, their values and then their transitions
+    into the run folder and to the analysis' W&B run; that run's id (None without one)."""
+    from tqdm import tqdm
+
+    from phasewatch.loggers.wandb_logger import make_analysis_logger
+
+    module, probes, options = plan.module, plan.probes, plan.options
+    initial = initial_model(module, probes, plan.steps)
+    first_step, first = next(iter(plan.steps.items()))
+    load_weights(module, first)
+    first_results = measure(module.model, module.task, probes, options, initial)
+    keys = {k for r in first_results.values() for k in r}
+    _clear_earlier_values(folder, first_results, keys, replace)
+    wandb_logger = make_analysis_logger(folder, plan.config if wandb else {"wandb": False}, plan.names, options)
+    ok = False
     try:
-        initial = initial_model(module, probes, steps)
-        first_step, first = next(iter(steps.items()))
-        load_weights(module, first)
-        first_results = measure(module.model, module.task, probes, options, initial)
-        keys = {k for r in first_results.values() for k in r}
-        _clear_earlier_values(folder, first_results, keys, replace)
-        wandb_logger = make_analysis_logger(folder, run_config if wandb else {"wandb": False}, names, options)
-        ok = False
-        try:
-            for step, path in tqdm(steps.items(), desc=f"analyze {', '.join(names)}", unit="ckpt",
-                                   disable=not progress):
-                if step == first_step:
-                    results = first_results  # measured above
-                else:
-                    load_weights(module, path)
-                    results = measure(module.model, module.task, probes, options, initial)
-                _record_step(folder, results, step, wandb_logger)
-            events = record_transitions(folder, keys)
-            if wandb_logger:
-                for event in events:
-                    wandb_logger.log_event(event, alert=False)  # found after training: no alert
-            ok = True
-        finally:
-            if wandb_logger:
-                wandb_logger.finalize("success" if ok else "failed")
-        # what produced these values (a run's own probes are in its config)
-        folder.add_analysis({
-            "probes": names, "options": options, "options_from_step": last_step if completed else None,
-            "device": str(on), "steps": list(steps), "replace": replace,
-            "wandb_id": wandb_logger.version if wandb_logger and not wandb_logger.failed else None,
-            "at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        for step, path in tqdm(plan.steps.items(), desc=f"analyze {', '.join(plan.names)}", unit="ckpt",
+                               disable=not progress):
+            if step == first_step:
+                results = first_results  # measured above
+            else:
+                load_weights(module, path)
+                results = measure(module.model, module.task, probes, options, initial)
+            _record_step(folder, results, step, wandb_logger)
+        events = record_transitions(folder, keys)
+        if wandb_logger:
+            for event in events:
+                wandb_logger.log_event(event, alert=False)  # found after training: no alert
+        ok = True
     finally:
-        folder.release_lock()
-    return list(steps)
+        if wandb_logger:
+            wandb_logger.finalize("success" if ok else "failed")
+    return wandb_logger.version if wandb_logger and not wandb_logger.failed else None
 
 
 def _clear_earlier_values(folder: RunFolder, first_results: dict[str, dict], keys: set[str], replace: bool) -> None:
