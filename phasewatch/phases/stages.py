@@ -353,24 +353,27 @@ def _size(event: dict, series: dict) -> float | None:
 
 
 def _carry_ids(stages: list[Stage], previous: Sequence[Stage], taken: set[int] = frozenset()) -> None:
-    """Give each stage the id of the previous stage it shares most moved series with (spans
-    overlapping in steps), one to one, ids in `taken` excepted; new ids after the largest used."""
-    taken = set(taken)
+    """Give each stage the id of a previous stage (spans overlapping in steps, a moved series in
+    common): the pairs with the same name first, then those sharing most moved series; one to
+    one, ids in `taken` excepted; new ids after the largest used."""
+    taken, given = set(taken), {}
     next_id = max([s.id for s in previous] + list(taken) + [0]) + 1
-    for stage in stages:
+    pairs = []
+    for k, stage in enumerate(stages):
         mine = {(m["series"], m["direction"]) for m in stage.members}
-        best, shared = None, 0
         for old in previous:
-            if old.id in taken or old.end < stage.onset or stage.end < old.onset:
-                continue
             common = len(mine & {(m["series"], m["direction"]) for m in old.members})
-            if common > shared:
-                best, shared = old, common
-        if best is None:
-            stage.id, next_id = next_id, next_id + 1
+            if common and not (old.end < stage.onset or stage.end < old.onset):
+                pairs.append(((stage.name is not None and old.name == stage.name, common), -k, old.id))
+    for _, k, old_id in sorted(pairs, reverse=True):
+        if -k not in given and old_id not in taken:
+            given[-k] = old_id
+            taken.add(old_id)
+    for k, stage in enumerate(stages):
+        if k in given:
+            stage.id = given[k]
         else:
-            stage.id = best.id
-        taken.add(stage.id)
+            stage.id, next_id = next_id, next_id + 1
 
 
 def _key(event: dict) -> tuple:

@@ -250,6 +250,16 @@ def test_ids_carry_over_between_calls_and_a_new_stage_gets_a_new_one():
     assert [(s.midpoint < 50, s.id) for s in second] == [(True, 2), (False, 1)]
 
 
+def test_a_stage_keeps_the_id_of_the_previous_stage_of_its_name():
+    """A stage said earlier (id 3, named C) overlaps two stages now, each sharing one series with
+    it: the one still named C keeps its id, whichever comes first."""
+    rules = StageRules(signatures=(Signature("C", moves=("c/z down",)),))
+    said = Stage(3, 50, 300, 2000, [{"series": "a/x", "direction": "down"}, {"series": "c/z", "direction": "down"}],
+                 "a/x", "C")
+    events = [event("a/x", 100), event("b/y", 100), event("c/z", 1000), event("d/q", 1000)]
+    assert [(s.name, s.id) for s in detect_stages(events, {}, rules, previous=[said])] == [(None, 4), ("C", 3)]
+
+
 def test_typed_events_and_in_progress_members():
     class Typed:
         def __init__(self, record):
