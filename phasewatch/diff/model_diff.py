@@ -227,67 +227,103 @@ def model_diff(a, b, task: Task, per_length: int | None = 256, top_examples: int
     """The diff of models `a` and `b` (bridges of the same architecture: ConfigError
     otherwise) on `task`'s held-out data; see the module docstring."""
     check_same_structure(a, b)
+    device = next(a.parameters()).device
+    sums = _Sums.of(a)
+    for batch in _held_out(task, per_length):
+        sums.add(a, b, batch.to(device), top_examples)
+    n = max(sums.n, 1)
+    la, lb = sums.loss_a / n, sums.loss_b / n
+    weights = _weight_rows(a, b)
+    rows = [_component_row(comp, kind, weights.get(comp, {}), sums, la, lb, n) for comp, kind in sums.comps]
+    rows += [{"component": site, "kind": "resid", **_act_measures(sums.sq[site])} for site in sums.sites]
+    rows += [{"component": label, "kind": "bias", **_dla(label, sums, n)}
+             for label in (f"L{layer}.attn_bias" for layer in range(a.cfg.n_layers))]
+    examples = sorted(sums.examples, key=lambda e: abs(e["loss_b"] - e["loss_a"]), reverse=True)
+    return ModelDiff(rows, la, lb, examples[:top_examples])
+
+
+def _held_out(task: Task, per_length: int | None) -> list[Batch]:
+    """The task's held-out batches (`val` group; all of them when none is), each cut to
+    `per_length` sequences spread over it."""
     batches = [batch.spread(per_length) if per_length else batch
                for batch, group in zip(task.val_batches(), task.val_groups()) if group == "val"]
-    if not batches:
-        batches = list(task.val_batches())
-    device = next(a.parameters()).device
-    comps = diff_components(a)
-    sites = [f"resid_pre.L{layer}" for layer in range(a.cfg.n_layers)] + ["resid_final"]
-    sq = {name: [0.0, 0.0, 0] for name, _ in comps + [(s, "resid") for s in sites] if name != "unembed"}
-    dla = {"a": {}, "b": {}}
-    losses = {"a": 0.0, "b": 0.0, "n": 0}
-    patched = {(comp, way): 0.0 for comp, _ in comps for way in ("b_into_a", "a_into_b")}
-    examples = []
-    for batch in batches:
-        batch = batch.to(device)
+    return batches or list(task.val_batches())
+
+
+@dataclasses.dataclass
+class _Sums:
+    """`model_diff`'s running sums over the held-out batches: per component or site
+    [sum (B - A)^2, sum A^2, count] of its output (`sq`), each side's direct logit
+    attribution (`dla`), each loss and the patched ones (`patched`, per component and way),
+    the answer positions `n`, and each batch's most changed sequences."""
+
+    comps: list[tuple[str, str]]
+    sites: list[str]
+    sq: dict[str, list]
+    patched: dict[tuple[str, str], float]
+    dla: dict[str, dict[str, float]] = dataclasses.field(default_factory=lambda: {"a": {}, "b": {}})
+    loss_a: float = 0.0
+    loss_b: float = 0.0
+    n: int = 0
+    examples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, model) -> "_Sums":
+        comps = diff_components(model)
+        sites = [f"resid_pre.L{layer}" for layer in range(model.cfg.n_layers)] + ["resid_final"]
+        sq = {name: [0.0, 0.0, 0] for name, _ in comps + [(s, "resid") for s in sites] if name != "unembed"}
+        return cls(comps, sites, sq, {(comp, way): 0.0 for comp, _ in comps for way in ("b_into_a", "a_into_b")})
+
+    def add(self, a, b, batch: Batch, top_examples: int) -> None:
+        """One batch (on the models' device) of both models' runs."""
         logits_a, acts_a = _run(a, batch.tokens)
         logits_b, acts_b = _run(b, batch.tokens)
-        for name, entry in sq.items():
+        for name, entry in self.sq.items():
             xa, xb = acts_a[name].double(), acts_b[name].double()
             entry[0] += float(((xb - xa) ** 2).sum())
             entry[1] += float((xa ** 2).sum())
             entry[2] += xa.numel()
         for side, model, acts in (("a", a, acts_a), ("b", b, acts_b)):
             for label, values in _logit_parts(model, acts, batch).items():
-                dla[side][label] = dla[side].get(label, 0.0) + float(values.sum())
+                self.dla[side][label] = self.dla[side].get(label, 0.0) + float(values.sum())
         loss_a, loss_b = _loss(logits_a, batch), _loss(logits_b, batch)
-        losses["a"] += float(loss_a.sum())
-        losses["b"] += float(loss_b.sum())
-        n = int(batch.loss_mask.sum())
-        losses["n"] += n
-        for comp, _ in comps:
-            patched[(comp, "b_into_a")] += float(_loss(_patched_logits(a, b, acts_b, [comp], batch.tokens), batch).sum())
-            patched[(comp, "a_into_b")] += float(_loss(_patched_logits(b, a, acts_a, [comp], batch.tokens), batch).sum())
+        self.loss_a += float(loss_a.sum())
+        self.loss_b += float(loss_b.sum())
+        self.n += int(batch.loss_mask.sum())
+        for comp, _ in self.comps:
+            self.patched[(comp, "b_into_a")] += float(_loss(_patched_logits(a, b, acts_b, [comp], batch.tokens),
+                                                            batch).sum())
+            self.patched[(comp, "a_into_b")] += float(_loss(_patched_logits(b, a, acts_a, [comp], batch.tokens),
+                                                            batch).sum())
         counts = batch.loss_mask.sum(1).clamp_min(1)
         per_a, per_b = loss_a.sum(1) / counts, loss_b.sum(1) / counts
         for i in torch.argsort((per_b - per_a).abs(), descending=True)[:top_examples].tolist():
-            examples.append({"tokens": batch.tokens[i].tolist(), "loss_a": float(per_a[i]), "loss_b": float(per_b[i])})
-    n = max(losses["n"], 1)
-    la, lb = losses["a"] / n, losses["b"] / n
-    weights = _weight_rows(a, b)
-    rows = []
-    for comp, kind in comps:
-        row: dict[str, Any] = {"component": comp, "kind": kind, **weights.get(comp, {})}
-        if comp in sq:
-            row |= _act_measures(sq[comp])
-        if comp in dla["a"]:
-            row |= {"dla_a": dla["a"][comp] / n, "dla_b": dla["b"][comp] / n,
-                    "dla_diff": (dla["b"][comp] - dla["a"][comp]) / n}
-        gap = la - lb
-        row["patched_loss_a"] = patched[(comp, "b_into_a")] / n
-        row["patched_loss_b"] = patched[(comp, "a_into_b")] / n
-        row["patch_b_into_a"] = (la - patched[(comp, "b_into_a")] / n) / gap if abs(gap) > SAME else None
-        row["patch_a_into_b"] = (lb - patched[(comp, "a_into_b")] / n) / -gap if abs(gap) > SAME else None
-        rows.append(row)
-    for site in sites:
-        rows.append({"component": site, "kind": "resid", **_act_measures(sq[site])})
-    for layer in range(a.cfg.n_layers):
-        label = f"L{layer}.attn_bias"
-        rows.append({"component": label, "kind": "bias", "dla_a": dla["a"][label] / n, "dla_b": dla["b"][label] / n,
-                     "dla_diff": (dla["b"][label] - dla["a"][label]) / n})
-    examples.sort(key=lambda e: abs(e["loss_b"] - e["loss_a"]), reverse=True)
-    return ModelDiff(rows, la, lb, examples[:top_examples])
+            self.examples.append({"tokens": batch.tokens[i].tolist(), "loss_a": float(per_a[i]),
+                                  "loss_b": float(per_b[i])})
+
+
+def _component_row(comp: str, kind: str, weights: dict[str, float], sums: _Sums, la: float, lb: float,
+                   n: int) -> dict[str, Any]:
+    """A component's row: its weights' difference, its output's, its direct logit
+    attribution in each model, and patching each way (losses and the share of the gap)."""
+    row: dict[str, Any] = {"component": comp, "kind": kind, **weights}
+    if comp in sums.sq:
+        row |= _act_measures(sums.sq[comp])
+    if comp in sums.dla["a"]:
+        row |= _dla(comp, sums, n)
+    gap = la - lb
+    row["patched_loss_a"] = sums.patched[(comp, "b_into_a")] / n
+    row["patched_loss_b"] = sums.patched[(comp, "a_into_b")] / n
+    row["patch_b_into_a"] = (la - sums.patched[(comp, "b_into_a")] / n) / gap if abs(gap) > SAME else None
+    row["patch_a_into_b"] = (lb - sums.patched[(comp, "a_into_b")] / n) / -gap if abs(gap) > SAME else None
+    return row
+
+
+def _dla(label: str, sums: _Sums, n: int) -> dict[str, float]:
+    """The direct logit attribution of `label` (a component, or a layer's b_O) in each model
+    and its change, per answer position."""
+    return {"dla_a": sums.dla["a"][label] / n, "dla_b": sums.dla["b"][label] / n,
+            "dla_diff": (sums.dla["b"][label] - sums.dla["a"][label]) / n}
 
 
 def _act_measures(entry: list) -> dict[str, float | None]:
