@@ -126,6 +126,14 @@ class ScheduledCheckpoints(Checkpoint):
             run_dir = run_folder(trainer).root
             raise DiskFull.in_run(run_dir, name, last.stat().st_size if last.exists() else None) from None
 
+    def due_at(self, step: int, dense: bool = False) -> bool:
+        """Whether a checkpoint may be written after `step` (`on_train_batch_end`, or the
+        validation after it) by the schedules: the step is on the schedule, `last.ckpt` is due
+        (every `last_every` steps), or `dense` (the run's transition watcher has the step on its
+        dense grid with an onset pending). SIGTERM adds its step. False: nothing is written
+        there, so a population may leave this callback out of the step (training/population.py)."""
+        return dense or step % self.last_every == 0 or step in self._steps
+
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
         last_due = step % self.last_every == 0 or getattr(trainer, "received_sigterm", False)

@@ -4,13 +4,15 @@ default) at the start of a step, cheap ones also at every validation, and more d
 the transition watcher has an onset pending (adaptive resolution; `budget` bounds its cost).
 Scalars go to every logger, arrays to the run folder; tracked sets (key frequencies, heads,
 head pairs) are followed over time and their changes printed; all of it survives a resume.
-When exactly probes run: docs/phases.md ("When probes run")."""
+A population's members get the probes that have a form over stacked weights (probes/stacked.py)
+measured for all of them at once (`StackedProbes`). When exactly probes run: docs/phases.md
+("When probes run")."""
 
 from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import Any, Callable
 
 import lightning.pytorch as pl
 import numpy as np
@@ -20,9 +22,11 @@ from phasewatch.loggers.run_folder import run_folder
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_metrics, dense_probes
 from phasewatch.errors import require
+from phasewatch.models import native_module
 from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.callbacks.console import say
 from phasewatch.probes.keys import is_announced, is_tracked, tracked_name
+from phasewatch.probes.stacked import STACKED
 from phasewatch.rundir import RunFolder, is_number
 
 
@@ -68,6 +72,10 @@ class ProbeRunner(pl.Callback):
         self._validated_at: int | None = None
         self._initial = None  # a frozen copy of the model at step 0, for `initial` probes
         self._initial_state: dict | None = None  # its weights, restored from a checkpoint
+        #: (probe name, options, step) -> this run's values of a probe measured over stacked
+        #: weights (`StackedProbes`), None for a probe without that form: set by a population
+        #: for its members, and at setup for a run alone with `model.vectorised`
+        self.stacked: Callable[[str, dict, int], dict | None] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         task = pl_module.task
@@ -76,6 +84,9 @@ class ProbeRunner(pl.Callback):
         for name in self.schedules:
             get_probe(name, task)
         own = {p.name: Schedule(**p.schedule) for p in self._probes if p.schedule} | self.schedules
+        if self.stacked is None and (getattr(pl_module, "hparams", None) or {}).get("vectorised"):
+            # a population's member re-run alone measures as the population does (one of one)
+            self.stacked = StackedProbes.of_one(pl_module.model, task).values_of(0)
         self._steps = set(self.schedule.resolve(trainer.max_steps))
         self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in own.items()}
 
@@ -102,6 +113,13 @@ class ProbeRunner(pl.Callback):
             elif step in self._steps or (dense and self.clock.allows(p.name, self.budget)):
                 due.append(p)
         return due
+
+    def due_at(self, step: int, dense: bool = False) -> bool:
+        """Whether probes may run at the start of `step` (`on_train_batch_start`): the step is on
+        the shared schedule or a probe's own, or is step 0, or `dense` (the run's transition
+        watcher has the step on its dense grid with an onset pending). False: nothing runs
+        there, so a population may leave this callback out of the step (training/population.py)."""
+        return dense or step == 0 or step in self._steps or any(step in s for s in self._own_steps.values())
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.clock.start()
@@ -132,8 +150,9 @@ class ProbeRunner(pl.Callback):
         if not probes:
             return
         step = trainer.global_step
+        given = None if self.stacked is None else (lambda name, options: self.stacked(name, options, step))
         results = measure(pl_module.model, pl_module.task, probes, self.options, self._initial_model(pl_module, step),
-                          self.clock)
+                          self.clock, given)
         scalars = record_results(results, run_folder(trainer), step)
         for name, values in results.items():
             self._keys.setdefault(name, set()).update(k for k in values if k in scalars)
@@ -189,10 +208,12 @@ def frozen_copy(model):
 
 
 def measure(model, task, probes: list, options: dict[str, dict], initial=None,
-            clock: "ProbeClock | None" = None) -> dict[str, dict[str, Any]]:
+            clock: "ProbeClock | None" = None,
+            given: Callable[[str, dict], dict | None] | None = None) -> dict[str, dict[str, Any]]:
     """Each probe's values on the model (in eval mode, without gradients; its mode is
     restored afterwards). Probes that want the run's step-0 model get `initial`. Each
-    probe's time goes to `clock` when given."""
+    probe's time goes to `clock` when given. `given(name, options)`: a probe's values
+    measured otherwise (over a population's stacked weights), None to run the probe."""
     was_training = model.training
     model.eval()
     out = {}
@@ -200,12 +221,58 @@ def measure(model, task, probes: list, options: dict[str, dict], initial=None,
         with torch.no_grad():
             for p in probes:
                 started = time.perf_counter()
-                out[p.name] = p(model, task, **options.get(p.name, {}), **({"initial": initial} if p.initial else {}))
+                own = options.get(p.name, {})
+                values = None if given is None else given(p.name, own)
+                out[p.name] = values if values is not None else p(model, task, **own,
+                                                                  **({"initial": initial} if p.initial else {}))
                 if clock is not None:
                     clock.record(p.name, time.perf_counter() - started)
         return out
     finally:
         model.train(was_training)
+
+
+class StackedProbes:
+    """The probes of a population's members that have a form over stacked weights
+    (`probes.stacked.STACKED`): the first member to ask for one at a step gets it measured
+    for every member expected to ask (`expect`, by default all) in one pass; the others are
+    handed their values as they ask. Probes without that form: None (run member by member)."""
+
+    def __init__(self, template: torch.nn.Module, params: Callable[[], dict[str, torch.Tensor]], models: list, task):
+        self.template, self.params, self.models, self.task = template, params, models, task
+        self.expected: list[int] = list(range(len(models)))
+        self._step: int | None = None
+        self._values: dict[tuple[str, str], dict[int, dict]] = {}  # (probe, options) -> member -> values
+
+    @classmethod
+    def of_one(cls, model, task) -> "StackedProbes":
+        """A run alone as a population of one (its parameters with a member dimension of 1)."""
+        module = native_module(model)
+        return cls(module, lambda: {name: p.unsqueeze(0) for name, p in module.named_parameters()}, [model], task)
+
+    def expect(self, members: list[int]) -> None:
+        """The members whose probes may run next (a population's hook): measured together."""
+        self.expected = members
+
+    def values_of(self, member: int) -> Callable[[str, dict, int], dict | None]:
+        """Member `member`'s `ProbeRunner.stacked`."""
+        return lambda name, options, step: self.values(member, name, options, step)
+
+    def values(self, member: int, name: str, options: dict, step: int) -> dict | None:
+        """Member `member`'s values of probe `name` at `step` (the weights of that step)."""
+        fn = STACKED.get(name)
+        if fn is None:
+            return None
+        if step != self._step:
+            self._step, self._values = step, {}
+        got = self._values.setdefault((name, repr(sorted(options.items()))), {})
+        if member not in got:
+            todo = sorted({member} | {k for k in self.expected if k not in got})
+            params = self.params()
+            if len(todo) < len(self.models):
+                params = {key: p[todo] for key, p in params.items()}
+            got.update(zip(todo, fn(self.template, params, [self.models[k] for k in todo], self.task, **options)))
+        return got[member]
 
 
 class ProbeClock:

@@ -123,13 +123,18 @@ def neuron_logit_map(model, p: int) -> Float[Tensor, "p d_mlp"]:
     return (w_out @ w_u).T.detach()
 
 
+def grid_inputs(task: ModularAddition) -> Int[Tensor, "p*p 3"]:
+    """Every input (a, b, =) of the task, a-major (the rows of `grid_logits`)."""
+    p = task.p
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    return torch.stack([a.flatten(), b.flatten(), torch.full((p * p,), task.equals_token)], dim=1)
+
+
 def grid_logits(model, task: ModularAddition) -> Float[Tensor, "p p p"]:
     """Logits over the p answer classes for every input (a, b), as [a, b, c], float64,
     on the model's device, differentiable."""
     p = task.p
-    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
-    device = next(model.parameters()).device
-    tokens = torch.stack([a.flatten(), b.flatten(), torch.full((p * p,), task.equals_token)], dim=1).to(device)
+    tokens = grid_inputs(task).to(next(model.parameters()).device)
     return torch.cat([model(chunk)[:, -1, :p].double() for chunk in tokens.split(CHUNK)]).reshape(p, p, p)
 
 

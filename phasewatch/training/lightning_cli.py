@@ -188,13 +188,13 @@ class PhasewatchCLI(LightningCLI):
 
         seeds = parse_seeds(cfg.population.seeds)
         self._refuse_for_population(cfg, folder)
-        vary = cfg.population.vary_data
-        if vary is None:
-            vary = not self.datamodule.task.full_batch
-        members = build_members(self._parser(self.subcommand), self.config_dump_dict(), seeds, vary, folder.root,
+        vary_data = cfg.population.vary_data
+        if vary_data is None:
+            vary_data = not self.datamodule.task.full_batch
+        members = build_members(self._parser(self.subcommand), self.config_dump_dict(), seeds, vary_data, folder.root,
                                 self._member_loggers(cfg, folder))
-        self.model = PopulationModule(members.modules, shared_data=not vary)
-        self.datamodule = PopulationData(members.data, shared=not vary)
+        self.model = PopulationModule(members.modules, vary_data)
+        self.datamodule = PopulationData(members.data, vary_data)
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         trainer_config["callbacks"] = [*(trainer_config.get("callbacks") or []),
                                        MemberCallbacks(members.callbacks, members.loggers, members.roots,

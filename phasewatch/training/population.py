@@ -28,6 +28,8 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, IterableDataset
 
+from phasewatch.callbacks.probes import ProbeRunner, StackedProbes
+from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.models import native_module
 from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch
@@ -164,14 +166,14 @@ class PopulationModule(pl.LightningModule):
     one stack of parameters: see the module's docstring. The members keep their own models,
     whose parameters are views into the stack, for their probes and checkpoints."""
 
-    def __init__(self, members: list[TrainModule], shared_data: bool):
+    def __init__(self, members: list[TrainModule], vary_data: bool):
         super().__init__()
         first = members[0]
         for k, member in enumerate(members[1:], 1):
             if member.arch != first.arch:
                 raise ConfigError("population", f"member {k} has another architecture than member 0",
                                   "Build every member from the same config (only the seeds differ).")
-        self.members, self.shared_data = members, shared_data
+        self.members, self.vary_data = members, vary_data
         self.task, self.loss_dtype = first.task, first.loss_dtype
         self.hparams_of_members = dict(first.hparams)
         # the forward pass of every member runs through a copy of member 0's module
@@ -208,15 +210,19 @@ class PopulationModule(pl.LightningModule):
 
     # --- the step ----------------------------------------------------------------------
 
+    def stacked_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter of the members stacked (member first), named as the template's."""
+        return {name: self.stacked[_key(name)] for name in self._names}
+
     def _member_outputs(self, batch: Batch | list[Batch], counts: bool = True) -> dict[str, torch.Tensor]:
         """Per member (a leading member dimension): the mean loss over answer tokens `loss`
         and, with `counts`, the sums that accuracy and validation need (`loss_sum`, `tokens`,
-        `correct`, `seq_ok`). `batch` is one batch for every member (shared data), the members'
+        `correct`, `seq_ok`). `batch` is one batch for every member (without `vary_data`), the members'
         batches stacked, or a list of them when their shapes differ (a RASP task draws each
         step's length per member): then one vectorised pass per shape."""
         if not isinstance(batch, list):
-            params = {name: self.stacked[_key(name)] for name in self._names}
-            return self._vectorised(params, batch, self.shared_data, counts)
+            params = self.stacked_parameters()
+            return self._vectorised(params, batch, not self.vary_data, counts)
         groups: dict[tuple, list[int]] = {}
         for k, b in enumerate(batch):
             groups.setdefault(tuple(b.tokens.shape), []).append(k)
@@ -231,9 +237,10 @@ class PopulationModule(pl.LightningModule):
         back = torch.argsort(torch.tensor(order, device=self.device))
         return {key: torch.cat([p[key] for p in parts])[back] for key in parts[0]}
 
-    def _vectorised(self, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
+    def _vectorised(self, params: dict[str, torch.Tensor], batch: Batch, one_batch: bool,
                     counts: bool) -> dict[str, torch.Tensor]:
-        return vectorised_outputs(self._template, params, batch, shared, counts, self.loss_dtype)
+        """`vectorised_outputs`: `one_batch` for every member, or the members' stacked."""
+        return vectorised_outputs(self._template, params, batch, one_batch, counts, self.loss_dtype)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         logging = not (self.global_step + 1) % self.trainer.log_every_n_steps  # Lightning's rule, as TrainModule
@@ -307,25 +314,28 @@ class PopulationModule(pl.LightningModule):
         if self.trainer.global_step == 0:  # as ScheduledCheckpoints: no loop state before the first step
             checkpoint.pop("loops", None)
 
-    def member_checkpoint(self, index: int, callbacks: list) -> dict[str, Any]:
-        """What `trainer.save_checkpoint` writes for an ordinary run, for member `index`: its
-        weights, its slice of the optimizer state, the shared schedule and loop state, and
-        its callbacks' states. `phasewatch fit` resumes it alone."""
-        trainer, n = self.trainer, len(self.members)
-        opt = trainer.optimizers[0].state_dict()
-        state = {i: {key: (v[index].clone() if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n else v)
-                     for key, v in s.items()} for i, s in opt["state"].items()}
-        member = self.members[index]
+    def member_checkpoint(self, index: int, callbacks: list, weights_only: bool = False) -> dict[str, Any]:
+        """What `trainer.save_checkpoint(weights_only=...)` writes for an ordinary run, for member
+        `index`: its weights, the loop state and, unless `weights_only`, its slice of the
+        optimizer state, the shared learning-rate schedule and its callbacks' states (a full
+        checkpoint, which `phasewatch fit` resumes alone)."""
+        trainer, member = self.trainer, self.members[index]
         ckpt = {
             "epoch": trainer.current_epoch, "global_step": trainer.global_step,
             "pytorch-lightning_version": pl.__version__,
             "state_dict": {k: v.detach().clone() for k, v in member.state_dict().items()},
-            "callbacks": {cb.state_key: cb.state_dict() for cb in callbacks},
-            "optimizer_states": [{"state": state, "param_groups": opt["param_groups"]}],
-            "lr_schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
             "hyper_parameters": dict(member.hparams), "phasewatch_skipped_steps": 0,
         }
-        if trainer.global_step > 0:
+        if hasattr(member, "_hparams_name"):
+            ckpt["hparams_name"] = member._hparams_name
+        if not weights_only:
+            n, opt = len(self.members), trainer.optimizers[0].state_dict()
+            state = {i: {key: (v[index].clone() if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n else v)
+                         for key, v in s.items()} for i, s in opt["state"].items()}
+            ckpt |= {"callbacks": {cb.state_key: cb.state_dict() for cb in callbacks},
+                     "optimizer_states": [{"state": state, "param_groups": opt["param_groups"]}],
+                     "lr_schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]}
+        if trainer.global_step > 0 or weights_only:  # (full at step 0: none, as ScheduledCheckpoints saves it)
             ckpt["loops"] = {"fit_loop": trainer.fit_loop.state_dict(), "validate_loop": trainer.validate_loop.state_dict(),
                              "test_loop": trainer.test_loop.state_dict(), "predict_loop": trainer.predict_loop.state_dict()}
         return ckpt
@@ -373,12 +383,14 @@ class MemberTrainer:
         return self._population.members[self._index]
 
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False, storage_options=None) -> None:
-        torch.save(self._population.member_checkpoint(self._index, self.callbacks), filepath)
+        torch.save(self._population.member_checkpoint(self._index, self.callbacks, weights_only), filepath)
         self.saved = True
 
 
 #: the callback hooks a member's callbacks are given (the ones phasewatch's callbacks use)
 MEMBER_HOOKS = ("on_train_start", "on_train_batch_start", "on_train_batch_end", "on_validation_end", "on_train_end")
+#: the hooks of every step: there the members' callbacks run only at the steps where one is due
+STEP_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 
 #: the trainer's values that stay the same while one hook runs for every member: read once
 #: per hook for the population (Lightning computes some of them, e.g. `enable_validation`)
@@ -392,23 +404,40 @@ def overrides(callback: pl.Callback, hook: str) -> bool:
     return getattr(type(callback), hook) is not getattr(pl.Callback, hook)
 
 
+def due_at(callbacks: list[pl.Callback], step: int, dense: bool = False) -> bool:
+    """Whether any of `callbacks` may act at `step` (`ProbeRunner.due_at`,
+    `ScheduledCheckpoints.due_at`); a callback that does not say (no `due_at`) always may."""
+    return any(not hasattr(cb, "due_at") or cb.due_at(step, dense) for cb in callbacks)
+
+
 class MemberCallbacks(pl.Callback):
     """Runs every member's own callbacks (probes, transition watcher, checkpoints, live report)
     against its `MemberTrainer`, and writes the population's last.ckpt on its own schedule.
 
     Decided once per hook for the population: which of the members' callbacks act at that
-    hook at all (those that override it), and the trainer's `FROZEN` values."""
+    hook at all (those that override it), the trainer's `FROZEN` values, and at the hooks of
+    every step (`STEP_HOOKS`) whether anything is due (`due_at` of member 0's callbacks: the
+    members' schedules are one config's), else which members' transition watchers ask for the
+    step (dense grid, onset pending): on the other steps no member's callback runs."""
 
     def __init__(self, callbacks: list[list[pl.Callback]], loggers: list[list], roots: list[str], last: Path):
         self.callbacks, self.loggers, self.roots, self.last = callbacks, loggers, roots, last
         self.views: list[MemberTrainer] = []
         self.hooked: dict[str, list[tuple[MemberTrainer, TrainModule, list[pl.Callback]]]] = {}
+        self.watchers: list[list[TransitionWatcher]] = [[cb for cb in cbs if isinstance(cb, TransitionWatcher)]
+                                                        for cbs in callbacks]
         self.last_every: int | None = None
+        self.probes: StackedProbes | None = None  # the members' probes over the stacked weights
 
     def setup(self, trainer: pl.Trainer, pl_module: PopulationModule, stage: str) -> None:
         self.views = [MemberTrainer(trainer, pl_module, k, self.loggers[k], self.callbacks[k], self.roots[k])
                       for k in range(len(self.callbacks))]
         pl_module.member_loggers = self.loggers
+        self.probes = StackedProbes(pl_module._template, pl_module.stacked_parameters,
+                                    [member.model for member in pl_module.members], pl_module.task)
+        for k, cbs in enumerate(self.callbacks):
+            for runner in (cb for cb in cbs if isinstance(cb, ProbeRunner)):
+                runner.stacked = self.probes.values_of(k)
         for view, member in zip(self.views, pl_module.members):
             for logger in view.loggers:
                 logger.log_hyperparams(dict(member.hparams))
@@ -419,10 +448,23 @@ class MemberCallbacks(pl.Callback):
         every = {cb.last_every for cbs in self.callbacks for cb in cbs if hasattr(cb, "last_every")}
         self.last_every = min(every) if every else None
 
+    def acting(self, hook: str, step: int, sigterm: bool = False) -> list[tuple[MemberTrainer, TrainModule, list]]:
+        """The members whose callbacks run at `hook` of `step` (each with its view, module and
+        the callbacks that override the hook): every member at a hook that is not a step's, at
+        a step where member 0's callbacks are due (`due_at`) and on SIGTERM; else the members
+        whose transition watcher asks for the step (`dense_now`), none on most steps."""
+        hooked = self.hooked[hook]
+        if hook not in STEP_HOOKS or sigterm or not hooked or due_at(hooked[0][2], step):
+            return hooked
+        return [hooked[k] for k, watchers in enumerate(self.watchers)
+                if hooked[k][2] and any(w.dense_now(step) for w in watchers)]
+
     def _each(self, hook: str, trainer: pl.Trainer, pl_module: PopulationModule, *args: Any) -> None:
         frozen = {name: getattr(trainer, name) for name in FROZEN}
         saved = False
-        for view, member, callbacks in self.hooked[hook]:
+        acting = self.acting(hook, frozen["global_step"], bool(frozen["received_sigterm"]))
+        self.probes.expect([view._index for view, _, _ in acting])
+        for view, member, callbacks in acting:
             if not callbacks:
                 continue
             view.saved, view.frozen = False, frozen
@@ -517,23 +559,23 @@ def stack_batches(batches) -> Batch:
 
 
 class PopulationData(pl.LightningDataModule):
-    """The members' data: with `shared`, member 0's batches (every member sees the same);
-    otherwise every member's own, stacked."""
+    """The members' data: with `vary_data`, every member's own batches, stacked; otherwise
+    member 0's (every member sees the same)."""
 
-    def __init__(self, members: list[TaskDataModule], shared: bool):
+    def __init__(self, members: list[TaskDataModule], vary_data: bool):
         super().__init__()
-        self.members, self.shared = members, shared
+        self.members, self.vary_data = members, vary_data
 
     def train_dataloader(self) -> DataLoader:
         for member in self.members:
             member.trainer = self.trainer
-        if self.shared:
+        if not self.vary_data:
             return self.members[0].train_dataloader()
         start = self.trainer.global_step if self.trainer is not None else 0
         return DataLoader(_Lockstep(self.members, start), batch_size=None, collate_fn=_identity)
 
     def val_dataloader(self) -> DataLoader:
-        if self.shared:
+        if not self.vary_data:
             return self.members[0].val_dataloader()
         batches = [member_batches(group) for group in zip(*(m.task.val_batches() for m in self.members))]
         return DataLoader(batches, batch_size=None, collate_fn=_identity)

@@ -67,6 +67,11 @@ def test_a_member_is_the_run_alone_with_its_seed(tmp_path, task):
     # the members differ: other initial weights (and, with sampled data, other batches)
     assert _values(pop / "m00")[(1, "train/loss")] != values[(1, "train/loss")]
     assert (m1 / "report.html").exists() and (m1 / "checkpoints" / "step=0000000.ckpt").exists()
+    steps = sorted((tmp_path / "alone" / "checkpoints").glob("step=*.ckpt"))
+    assert [s.name for s in steps] == sorted(s.name for s in (m1 / "checkpoints").glob("step=*.ckpt"))
+    for alone in steps:  # the probes' schedule: weights only, alone and as a member
+        held = set(torch.load(m1 / "checkpoints" / alone.name, weights_only=True))
+        assert held == set(torch.load(alone, weights_only=True)) and "optimizer_states" not in held, alone.name
 
 
 def test_a_crashed_population_resumes_every_member_exactly(tmp_path, monkeypatch):

@@ -82,7 +82,7 @@ def test_the_vectorised_step_gives_each_member_its_own_loss_and_gradient(shared)
     tasks = [Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8, seed=s) for s in range(3)]
     members = _members(tasks[0], 3)
     alone = [copy.deepcopy(native_module(m.model)) for m in members]
-    population = PopulationModule(members, shared_data=shared)
+    population = PopulationModule(members, vary_data=not shared)
     batches = [t.train_batch(0, None) for t in (tasks[:1] * 3 if shared else tasks)]
     from phasewatch.training.population import stack_batches
 
@@ -118,7 +118,7 @@ def test_a_member_alone_with_vectorised_repeats_its_population_step_bit_for_bit(
                 param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(k)) * 0.1)
     alone = copy.deepcopy(members[1])
     alone.hparams["vectorised"] = "shared" if shared else "own"
-    population = PopulationModule(members, shared_data=shared)
+    population = PopulationModule(members, vary_data=not shared)
     batches = [t.train_batch(0, None) for t in (tasks[:1] * 3 if shared else tasks)]
     from phasewatch.training.population import stack_batches
 
@@ -139,4 +139,74 @@ def test_members_of_other_architectures_are_refused():
     a = TrainModule(task, ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, attn_only=True))
     b = TrainModule(task, ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=True))
     with pytest.raises(ConfigError, match="architecture"):
-        PopulationModule([a, b], shared_data=True)
+        PopulationModule([a, b], vary_data=False)
+
+
+def _scheduled_callbacks(tmp_path, pending_at: int | None):
+    """A member's schedule-driven callbacks over 30 steps: probes at [0, 6, 12], checkpoints at
+    [0, 7] and last.ckpt every 5, and a watcher with a 10-point dense grid
+    {0, 1, 2, 3, 5, 7, 10, 14, 21, 30}, its onset found at `pending_at` (dense up to 3x it)."""
+    from types import SimpleNamespace
+
+    from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
+    from phasewatch.callbacks.probes import ProbeRunner
+    from phasewatch.callbacks.schedule import Schedule
+    from phasewatch.callbacks.transitions import TransitionWatcher
+    from phasewatch.tasks.modular_addition import ModularAddition
+
+    runner = ProbeRunner(names=["grokking"], schedule=Schedule(kind="list", steps=[0, 6, 12]))
+    saver = ScheduledCheckpoints(dirpath=str(tmp_path), schedule=Schedule(kind="list", steps=[0, 7]), last_every=5)
+    watcher = TransitionWatcher(dense_count=10)
+    trainer = SimpleNamespace(max_steps=30, callbacks=[runner, watcher, saver], global_step=0, received_sigterm=False)
+    runner.setup(trainer, SimpleNamespace(task=ModularAddition(p=7)), "fit")
+    saver.setup(trainer, None, "fit")
+    watcher.setup(trainer, None, "fit")
+    if pending_at is not None:
+        watcher.pending = [{"metric": "val/loss", "detected_at": pending_at}]
+    return trainer, runner, saver, watcher
+
+
+def test_a_callback_is_due_at_the_steps_where_it_acts(tmp_path, monkeypatch):
+    """`due_at` (what a population asks once per step) holds at the steps of the schedules
+    and of the dense grid while an onset is pending, and wherever the callback acts."""
+    trainer, runner, saver, watcher = _scheduled_callbacks(tmp_path, pending_at=5)
+    saved = []
+    monkeypatch.setattr(saver, "_save", lambda trainer, name, *args, **kwargs: saved.append(trainer.global_step))
+    probed, due_probes, due_saves = [], [], []
+    for step in range(31):
+        trainer.global_step = step
+        dense = watcher.dense_now(step)
+        probed += [step] if runner._scheduled(trainer) else []
+        saver._save_due(trainer)
+        due_probes += [step] if runner.due_at(step, dense) else []
+        due_saves += [step] if saver.due_at(step, dense) else []
+    dense_steps = [0, 1, 2, 3, 5, 7, 10, 14]  # the grid up to 3 x 5
+    assert due_probes == sorted({0, 6, 12} | set(dense_steps))
+    assert due_saves == sorted({0, 5, 7, 10, 15, 20, 25, 30} | set(dense_steps))
+    assert set(probed) <= set(due_probes) and set(saved) <= set(due_saves)
+    assert set(probed) == {0, 6, 12} | set(dense_steps)  # (the known answer of the runner itself)
+
+
+def test_the_population_runs_member_callbacks_only_at_steps_where_one_is_due(tmp_path):
+    """At a step hook, every member's callbacks run where member 0's schedules are due (and on
+    SIGTERM); elsewhere only those of members whose watcher asks for the step (an onset
+    pending, the step on its dense grid); none on the other steps. Other hooks: every member."""
+    from phasewatch.training.population import MEMBER_HOOKS, MemberCallbacks, overrides
+
+    members = [_scheduled_callbacks(tmp_path / str(k), pending) for k, pending in enumerate([None, None, 5])]
+    callbacks = [[runner, watcher, saver] for _, runner, saver, watcher in members]
+    population = MemberCallbacks(callbacks, [[] for _ in members], ["m0", "m1", "m2"], tmp_path / "last.ckpt")
+    population.hooked = {hook: [(k, None, [cb for cb in cbs if overrides(cb, hook)]) for k, cbs in enumerate(callbacks)]
+                         for hook in MEMBER_HOOKS}
+
+    def acting(hook, step, sigterm=False):
+        return [k for k, _, _ in population.acting(hook, step, sigterm)]
+
+    assert acting("on_train_batch_start", 6) == [0, 1, 2]  # the probes' schedule
+    assert acting("on_train_batch_end", 6) == []  # not the checkpoints'
+    assert acting("on_train_batch_end", 5) == [0, 1, 2]  # last.ckpt's
+    assert acting("on_train_batch_start", 4) == acting("on_train_batch_end", 4) == []
+    assert acting("on_train_batch_start", 3) == acting("on_train_batch_end", 3) == [2]  # member 2's dense grid
+    assert acting("on_train_batch_start", 21) == []  # past 3 x the onset
+    assert acting("on_train_batch_start", 4, sigterm=True) == [0, 1, 2]
+    assert acting("on_validation_end", 4) == acting("on_train_end", 4) == [0, 1, 2]

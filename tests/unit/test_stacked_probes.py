@@ -1,0 +1,64 @@
+"""Probes over a population's stacked weights (phasewatch/probes/stacked.py) give each member
+the values the probe gives it alone, and a population measures them once per step."""
+
+import copy
+import math
+
+import torch
+
+from phasewatch.callbacks.probes import StackedProbes
+from phasewatch.models import ModelConfig, build_model, native_module
+from phasewatch.probes import stacked
+from phasewatch.probes.grokking import grokking_probe
+from phasewatch.tasks import make_task
+
+
+def _members(task, n):
+    models = []
+    for seed in range(n):
+        torch.manual_seed(seed)
+        models.append(build_model(ModelConfig(d_model=16, n_heads=2, d_head=8, d_mlp=32), task))
+    template = copy.deepcopy(native_module(models[0]))
+    params = {name: torch.stack([dict(native_module(m).named_parameters())[name].detach() for m in models])
+              for name, _ in template.named_parameters()}
+    return template, params, models
+
+
+def test_the_grokking_probe_over_stacked_weights_is_each_members_own(monkeypatch):
+    task = make_task("modular_addition", p=13, frac_train=0.4)
+    template, params, models = _members(task, 3)
+    monkeypatch.setattr(stacked, "MEMBERS_PER_PASS", 2)  # two passes: members 0-1, then 2
+    together = stacked.grokking_stacked(template, params, models, task)
+    assert together[0]["grok/excluded_loss"] != together[1]["grok/excluded_loss"]  # the members differ
+    for model, values in zip(models, together):
+        alone = grokking_probe(model, task)
+        assert set(values) == set(alone) and values["key_freqs"] == alone["key_freqs"]
+        for key, value in alone.items():
+            if isinstance(value, float):
+                assert math.isclose(values[key], value, rel_tol=1e-6, abs_tol=1e-9), key
+        torch.testing.assert_close(values["spectrum"], alone["spectrum"])
+    fixed = stacked.grokking_stacked(template, params, models, task, key_freqs=[1, 4])
+    assert fixed[2]["key_freqs"] == [1, 4] == grokking_probe(models[2], task, key_freqs=[1, 4])["key_freqs"]
+
+
+def test_a_population_measures_a_stacked_probe_once_per_step_for_the_members_that_ask(monkeypatch):
+    """The first member to ask at a step gets the probe measured for every member expected to
+    ask; the others are handed theirs; one not expected is measured when it asks; a new step
+    measures again; a probe without a stacked form is left to the member (None)."""
+    task = make_task("modular_addition", p=7, frac_train=0.5)
+    template, params, models = _members(task, 3)
+    calls = []
+
+    def counted(template, params, models, task, **options):
+        calls.append(next(iter(params.values())).shape[0])
+        return [{"member": id(m), **options} for m in models]
+
+    monkeypatch.setitem(stacked.STACKED, "grokking", counted)
+    probes = StackedProbes(template, lambda: params, models, task)
+    probes.expect([0, 2])
+    assert probes.values(2, "grokking", {}, 5) == {"member": id(models[2])} and calls == [2]
+    assert probes.values(0, "grokking", {}, 5) == {"member": id(models[0])} and calls == [2]
+    assert probes.values(1, "grokking", {}, 5) == {"member": id(models[1])} and calls == [2, 1]
+    assert probes.values(0, "grokking", {"key_freqs": [1]}, 5)["key_freqs"] == [1] and calls == [2, 1, 2]
+    assert probes.values(0, "grokking", {}, 6) == {"member": id(models[0])} and calls == [2, 1, 2, 2]
+    assert probes.values(0, "heads", {}, 6) is None
