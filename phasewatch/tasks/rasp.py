@@ -40,6 +40,35 @@ def split_score(seed: int, xs: tuple) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+def _checked_lengths(spec, max_seq_len: int | None, min_seq_len: int,
+                     train_max_seq_len: int | None) -> tuple[int, int]:
+    """The longest input and the longest trained on, checked (ConfigError naming the field)."""
+    if max_seq_len is not None:
+        require_int(max_seq_len, "data.task.max_seq_len", 1, "Use a maximum input length of at least 1.")
+    require_int(min_seq_len, "data.task.min_seq_len", 1)
+    max_len = spec.max_seq_len if max_seq_len is None else max_seq_len
+    require(min_seq_len <= max_len, "data.task.min_seq_len", f"{min_seq_len} exceeds max_seq_len {max_len}",
+            "Set min_seq_len <= max_seq_len.")
+    train_max = max_len if train_max_seq_len is None else train_max_seq_len
+    if train_max_seq_len is not None:
+        require_int(train_max_seq_len, "data.task.train_max_seq_len", 1)
+        require(min_seq_len <= train_max <= max_len, "data.task.train_max_seq_len",
+                f"{train_max} is outside [min_seq_len, max_seq_len] = [{min_seq_len}, {max_len}]",
+                "Train on lengths min_seq_len..train_max_seq_len and set max_seq_len to the longest length "
+                "to evaluate.")
+    return max_len, train_max
+
+
+def _check_sizes(val_fraction: float, batch_size: int, n_val_per_length: int, seed: int) -> None:
+    """ConfigError naming the field for a bad held-out share, batch size, validation size or seed."""
+    require(isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
+            and 0 < val_fraction < 1, "data.task.val_fraction", f"{val_fraction!r} is not a fraction in (0, 1)",
+            "Hold out a share of each length's inputs, e.g. 0.2.")
+    require_int(batch_size, "data.task.batch_size", 1)
+    require_int(n_val_per_length, "data.task.n_val_per_length", 1)
+    require_int(seed, "data.task.seed", 0)
+
+
 @register_task("rasp")
 class RaspTask(Task):
     """Learn what a tracr library program computes.
@@ -73,59 +102,52 @@ class RaspTask(Task):
         seed: int = 0,
     ):
         spec = tracr_programs.spec(program)
-        if max_seq_len is not None:
-            require_int(max_seq_len, "data.task.max_seq_len", 1, "Use a maximum input length of at least 1.")
-        require_int(min_seq_len, "data.task.min_seq_len", 1)
-        max_len = spec.max_seq_len if max_seq_len is None else max_seq_len
-        require(min_seq_len <= max_len, "data.task.min_seq_len", f"{min_seq_len} exceeds max_seq_len {max_len}",
-                "Set min_seq_len <= max_seq_len.")
-        train_max = max_len if train_max_seq_len is None else train_max_seq_len
-        if train_max_seq_len is not None:
-            require_int(train_max_seq_len, "data.task.train_max_seq_len", 1)
-            require(min_seq_len <= train_max <= max_len, "data.task.train_max_seq_len",
-                    f"{train_max} is outside [min_seq_len, max_seq_len] = [{min_seq_len}, {max_len}]",
-                    "Train on lengths min_seq_len..train_max_seq_len and set max_seq_len to the longest length "
-                    "to evaluate.")
-        require(isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
-                and 0 < val_fraction < 1, "data.task.val_fraction", f"{val_fraction!r} is not a fraction in (0, 1)",
-                "Hold out a share of each length's inputs, e.g. 0.2.")
-        require_int(batch_size, "data.task.batch_size", 1)
-        require_int(n_val_per_length, "data.task.n_val_per_length", 1)
-        require_int(seed, "data.task.seed", 0)
+        max_len, train_max = _checked_lengths(spec, max_seq_len, min_seq_len, train_max_seq_len)
+        _check_sizes(val_fraction, batch_size, n_val_per_length, seed)
         self.program_name, self.min_seq_len, self.max_seq_len = program, min_seq_len, max_len
         self.train_max_seq_len, self.val_fraction = train_max, float(val_fraction)
         self.batch_size, self.n_val_per_length, self.seed = batch_size, n_val_per_length, seed
-        self.program = tracr_programs.load_program(program, vocab, max_len)
+        self._load_program(spec, vocab)
+        self._memo: dict[tuple, list[int]] = {}
+        self._train_pool: dict[int, list[tuple] | None] = {}  # length -> its training inputs (None: by threshold)
+        self._encoded_pool: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # `_pool_batch`
+        self._threshold: dict[int, float] = {}  # length -> held out when split_score < this
+        self.unsplit_lengths: list[int] = []
+        self._val, self._groups = self._validation_sets()
+
+    def _load_program(self, spec, vocab: list[int | str] | None) -> None:
+        """The program (`tracr_programs.load_program`), its vocabulary and encodings."""
+        self.program = tracr_programs.load_program(self.program_name, vocab, self.max_seq_len)
         self.vocab = list(self.program.vocab)
         self.unique_tokens = spec.unique_tokens
         if self.unique_tokens:
-            require(max_len <= len(self.vocab), "data.task.max_seq_len",
-                    f"{max_len} exceeds the {len(self.vocab)} distinct tokens {program!r} inputs can hold",
-                    f"Use max_seq_len <= {len(self.vocab)} or a larger vocab.")
+            require(self.max_seq_len <= len(self.vocab), "data.task.max_seq_len",
+                    f"{self.max_seq_len} exceeds the {len(self.vocab)} distinct tokens {self.program_name!r} inputs "
+                    "can hold", f"Use max_seq_len <= {len(self.vocab)} or a larger vocab.")
         self.encoding = self.program.input_encoding()
         self.output_encoding = self.program.output_encoding()
         self._causal = spec.causal
-        self._memo: dict[tuple, list[int]] = {}
-        self._train_pool: dict[int, list[tuple] | None] = {}  # length -> its training inputs (None: by threshold)
-        self._threshold: dict[int, float] = {}  # length -> held out when split_score < this
-        self.unsplit_lengths: list[int] = []
+
+    def _validation_sets(self) -> tuple[list[Batch], list[str]]:
+        """Every trained length split (`_split`): its held-out part a "val" batch; every longer
+        length a "val_longer" batch. Warns of the lengths too small to split."""
         val, groups = [], []
-        for n in range(min_seq_len, train_max + 1):
+        for n in range(self.min_seq_len, self.train_max_seq_len + 1):
             held_out = self._split(n)
             if held_out:
                 val.append(self.encode(held_out))
                 groups.append("val")
-        for n in range(train_max + 1, max_len + 1):
+        for n in range(self.train_max_seq_len + 1, self.max_seq_len + 1):
             val.append(self.encode(self._unseen_inputs(n)))
             groups.append(LONGER)
         require(bool(groups), "data.task.val_fraction",
-                f"no length in {min_seq_len}..{train_max} has enough inputs to hold {val_fraction:g} of them out",
-                "Use longer inputs, a larger vocab or a larger val_fraction.")
+                f"no length in {self.min_seq_len}..{self.train_max_seq_len} has enough inputs to hold "
+                f"{self.val_fraction:g} of them out", "Use longer inputs, a larger vocab or a larger val_fraction.")
         if self.unsplit_lengths:
-            warnings.warn(f"rasp task {program!r}: lengths {self.unsplit_lengths} have too few inputs to hold "
-                          f"{val_fraction:g} of them out; they are trained on in full and not validated",
-                          stacklevel=2)
-        self._val, self._groups = val, groups
+            warnings.warn(f"rasp task {self.program_name!r}: lengths {self.unsplit_lengths} have too few inputs to "
+                          f"hold {self.val_fraction:g} of them out; they are trained on in full and not validated",
+                          stacklevel=3)
+        return val, groups
 
     # --- the split --------------------------------------------------------------------
 
@@ -260,7 +282,28 @@ class RaspTask(Task):
     def train_batch(self, step: int, batch_size: int | None) -> Batch:
         g = step_generator(self.seed, step)
         n = int(torch.randint(self.min_seq_len, self.train_max_seq_len + 1, (1,), generator=g))
-        return self.encode(self.train_inputs(g, n, batch_size or self.batch_size))
+        size, pool = batch_size or self.batch_size, self._train_pool[n]
+        if pool is None:  # drawn by rejection from a length too large to list
+            return self.encode(self.train_inputs(g, n, size))
+        return self._pool_batch(n, torch.randint(0, len(pool), (size,), generator=g))  # `train_inputs`' draw
+
+    def _pool_batch(self, n: int, index: torch.Tensor) -> Batch:
+        """`encode` of the inputs `index` of length n's training pool: the pool's tokens are
+        encoded once (at its first draw), each input's targets when it is first drawn, so that
+        a batch is one index into them."""
+        if n not in self._encoded_pool:
+            pool = self._train_pool[n]
+            tokens = torch.tensor([[self.bos] + [self.encoding[v] for v in xs] for xs in pool], dtype=torch.long)
+            self._encoded_pool[n] = (tokens, torch.zeros_like(tokens), torch.zeros(len(pool), dtype=torch.bool))
+        tokens, targets, known = self._encoded_pool[n]
+        new = index[~known[index]].unique()
+        if len(new):
+            pool = self._train_pool[n]
+            targets[new, 1:] = torch.tensor([self.output_ids(pool[i]) for i in new.tolist()], dtype=torch.long)
+            known[new] = True
+        mask = torch.ones((len(index), n + 1), dtype=torch.bool)
+        mask[:, 0] = False
+        return Batch(tokens[index], targets[index], mask, {"length": torch.full((len(index),), n)})
 
     def val_batches(self) -> list[Batch]:
         return self._val

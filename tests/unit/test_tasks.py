@@ -150,6 +150,21 @@ def test_rasp_targets_equal_tracrs_evaluator(program):
             assert [inverse_out[t] for t in targets[1:]] == task.program.evaluate(xs)
 
 
+def test_rasp_a_training_batch_is_the_encoding_of_the_inputs_it_draws():
+    """A batch is an index into its length's pool, encoded once: tensor for tensor what
+    encoding the inputs drawn from the step's generator gives (lengths 1-5, some drawn again)."""
+    from phasewatch.tasks.base import step_generator
+
+    task = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5)
+    for step in range(40):
+        g = step_generator(task.seed, step)
+        n = int(torch.randint(task.min_seq_len, task.train_max_seq_len + 1, (1,), generator=g))
+        drawn, batch = task.encode(task.train_inputs(g, n, 8)), task.train_batch(step, 8)
+        for field in ("tokens", "targets", "loss_mask"):
+            assert torch.equal(getattr(batch, field), getattr(drawn, field)), (step, field)
+        assert torch.equal(batch.extras["length"], drawn.extras["length"])
+
+
 def test_rasp_reverse_values_and_intermediates():
     task = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5)
     assert task.program.evaluate((1, 2, 3, 3)) == [3, 3, 2, 1]
