@@ -26,7 +26,7 @@ from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.probes.residual import ResidualPass
 from phasewatch.models import native_module
-from phasewatch.tasks.base import Task, padded, spread_index
+from phasewatch.tasks.base import Batch, Task, padded, spread_index
 
 MODES = ("mean", "zero")
 
@@ -259,6 +259,22 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
 
         raise ConfigError("probes.options.ablation.mode", f"unknown mode {mode!r}", f"Use one of {', '.join(MODES)}.")
     comps = components(model)
+    joined, weight, means, clean = _clean_run(model, task, mode, sample, mean_over, {hook for _, hook, _ in comps})
+    size, n_pos = joined.tokens.shape
+    totals = _weighted_sums(["clean"], clean.logits, joined, weight, task.loss_dtype)
+    per_pass = max(1, max_rows // size)
+    for (layer, kind), group in _by_layer(comps).items():
+        for start in range(0, len(group), per_pass):
+            part = group[start:start + per_pass]
+            logits = _ablated_logits(clean, layer, kind, part, means, n_pos)
+            totals |= _weighted_sums([label for label, _, _ in part], logits, joined, weight, task.loss_dtype)
+    return {label: {"loss": s / n, "acc": a / n} for label, (s, a, n) in totals.items()}
+
+
+def _clean_run(model, task: Task, mode: str, sample: int | None, mean_over: int | None, hooks: set[str]):
+    """(the ablated sample padded into one batch, each answer token's weight, the means of
+    `hooks`' outputs (None in mode "zero"), the clean pass of the sample): the sample and the
+    means' sample drawn as `ablation_scores` says, one clean pass serving both when it can."""
     device = next(model.parameters()).device
     native = native_module(model)
     batches = [b for b, group in zip(task.val_batches(), task.val_groups()) if group == "val"]
@@ -269,7 +285,6 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
     joined = joined.to(device)
     weight = _row_weights(chosen, sample_weights(batches, chosen)).to(device)[:, None].expand_as(joined.loss_mask)
     weight = weight[joined.loss_mask]  # one per answer token
-    hooks = {hook for _, hook, _ in comps}
     if nested is None:  # zero ablation, or an ablated sample larger than the means'
         means = None if drawn is None else position_means(model, drawn, hooks, sample_weights(batches, drawn))
         clean = _Clean(native, joined.tokens, None if mask is None else mask.to(device))
@@ -278,32 +293,31 @@ def ablation_scores(model, task: Task, mode: str = "mean", sample: int | None = 
         means = run.means(hooks, _row_weights(drawn, sample_weights(batches, drawn)).to(device))
         starts = torch.tensor([0, *[len(d) for d in drawn]]).cumsum(0)
         clean = run.rows(torch.cat([start + i for start, i in zip(starts.tolist(), nested)]).to(device))
-    size, n_pos = joined.tokens.shape
-    totals: dict[str, list[float]] = {}
+    return joined, weight, means, clean
 
-    targets = joined.targets[joined.loss_mask]
 
-    def add(labels: list[str], logits: torch.Tensor) -> None:
-        """The weighted loss and accuracy sums of each copy of the batch in `logits`, in one go."""
-        picked = logits.unflatten(0, (len(labels), size))[:, joined.loss_mask]  # [copy, answer, vocab]
-        loss = torch.nn.functional.cross_entropy(picked.flatten(0, 1).to(task.loss_dtype), targets.repeat(len(labels)),
-                                                 reduction="none").view(len(labels), -1)  # in the task's loss dtype
-        correct = picked.argmax(-1).eq(targets)
-        sums = (torch.stack([loss.double(), correct.double(), torch.ones_like(loss, dtype=torch.float64)], 1)
-                * weight).sum(-1)  # [copy, 3], one reduction
-        totals.update(zip(labels, sums.tolist()))
-
-    add(["clean"], clean.logits)
-    per_pass = max(1, max_rows // size)
-    kinds: dict[tuple[int, str], list] = {}  # (layer, "attn" or "mlp") -> its components, in order
+def _by_layer(comps: list[tuple[str, str, int | None]]) -> dict[tuple[int, str], list]:
+    """(layer, "attn" or "mlp") -> its components, in order."""
+    kinds: dict[tuple[int, str], list] = {}
     for comp in comps:
         layer = int(comp[1].split(".")[1])  # blocks.<layer>....
         kinds.setdefault((layer, "mlp" if comp[1].endswith("hook_mlp_out") else "attn"), []).append(comp)
-    for (layer, kind), group in kinds.items():
-        for start in range(0, len(group), per_pass):
-            part = group[start:start + per_pass]
-            add([label for label, _, _ in part], _ablated_logits(clean, layer, kind, part, means, n_pos))
-    return {label: {"loss": s / n, "acc": a / n} for label, (s, a, n) in totals.items()}
+    return kinds
+
+
+def _weighted_sums(labels: list[str], logits: torch.Tensor, joined: Batch, weight: torch.Tensor,
+                   loss_dtype: torch.dtype) -> dict[str, list[float]]:
+    """label -> [weighted loss sum, weighted correct sum, weight sum] of each copy of the
+    batch in `logits` ([copy x batch, pos, vocab], copies in the order of `labels`), in one go."""
+    size = joined.tokens.shape[0]
+    targets = joined.targets[joined.loss_mask]
+    picked = logits.unflatten(0, (len(labels), size))[:, joined.loss_mask]  # [copy, answer, vocab]
+    loss = torch.nn.functional.cross_entropy(picked.flatten(0, 1).to(loss_dtype), targets.repeat(len(labels)),
+                                             reduction="none").view(len(labels), -1)  # in the task's loss dtype
+    correct = picked.argmax(-1).eq(targets)
+    sums = (torch.stack([loss.double(), correct.double(), torch.ones_like(loss, dtype=torch.float64)], 1)
+            * weight).sum(-1)  # [copy, 3], one reduction
+    return dict(zip(labels, sums.tolist()))
 
 
 def _applies(task: Task) -> bool:

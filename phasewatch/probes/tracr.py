@@ -424,20 +424,38 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
     sites, ref_sites = residual_sites(model), residual_sites(reference)
     preds, patterns, resid = _run(model, batches, sites)
     ref_preds, ref_patterns, _, ref_cka = reference_run(reference, batches)  # references are kept: the id is theirs
-    out: dict[str, Any] = {}
+    out = _agreement(batches, preds, ref_preds)
+    out |= _attention_matches(model, reference, patterns, ref_patterns)
+    out |= {f"tracr/probe/{key}": value for key, value in variable_probes(task, batches, resid, classifier, ridge).items()}
+    if baseline and initial is not None:
+        out |= {f"tracr/probe_baseline/{key}": value
+                for key, value in _baseline_probes(initial, task, batches, sites, per_length, classifier, ridge).items()}
+    return out | _residual_cka(resid, sites, ref_sites, ref_cka)
 
+
+def _agreement(batches: list[Batch], preds: list[Tensor], ref_preds: list[Tensor]) -> dict[str, float]:
+    """How often the model's output tokens are the compiled model's (the BOS position left
+    out): per length, and their mean."""
+    out: dict[str, float] = {}
     per_len = []
     for batch, p, r in zip(batches, preds, ref_preds):
         agree = float(p[:, 1:].eq(r[:, 1:]).double().mean())
         out[f"tracr/agreement/len{batch.tokens.shape[1] - 1}"] = agree
         per_len.append(agree)
     out["tracr/agreement"] = sum(per_len) / len(per_len)
+    return out
 
+
+def _attention_matches(model, reference, patterns, ref_patterns) -> dict[str, Any]:
+    """Each non-empty compiled head's best-matching learned head (and, with two layers or
+    more, pair of heads along a path): the match keys, the matrix and its labels, and the
+    tracked set `match_heads` (compiled=learned)."""
     w_o = reference.W_O.detach()  # the bridge stacks every block's weights at each access: once
     active = [(layer, head) for layer in range(reference.cfg.n_layers) for head in range(reference.cfg.n_heads)
               if float(w_o[layer, head].abs().sum()) > 0]
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     single, paths = attention_match(patterns, ref_patterns, active)
+    out: dict[str, Any] = {}
     labels = []
     for i, (rl, rh) in enumerate(active):
         ref = f"L{rl}H{rh}"
@@ -453,21 +471,26 @@ def tracr_probe(model, task: Task, per_length: int = 96, classifier: str = "lda"
     out["attn_match_labels"] = [f"compiled L{rl}H{rh}" for rl, rh in active] + [
         f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
     out["match_heads"] = labels
+    return out
 
-    for key, value in variable_probes(task, batches, resid, classifier, ridge).items():
-        out[f"tracr/probe/{key}"] = value
-    if baseline and initial is not None:
-        per_initial = _BASELINES.setdefault(initial, {})  # computed once per initial model and options
-        options = (task.program.name, task.program.vocab, task.program.max_seq_len, per_length, classifier, ridge)
-        if options not in per_initial:
-            _, _, initial_resid = _run(initial.eval(), batches, sites)
-            per_initial[options] = variable_probes(task, batches, initial_resid, classifier, ridge)
-        for key, value in per_initial[options].items():
-            out[f"tracr/probe_baseline/{key}"] = value
 
+def _baseline_probes(initial, task: Task, batches: list[Batch], sites: list, per_length: int, classifier: str,
+                     ridge: float) -> dict[str, float]:
+    """`variable_probes` on the run's initial weights, computed once per initial model and
+    options (`_BASELINES`)."""
+    per_initial = _BASELINES.setdefault(initial, {})
+    options = (task.program.name, task.program.vocab, task.program.max_seq_len, per_length, classifier, ridge)
+    if options not in per_initial:
+        _, _, initial_resid = _run(initial.eval(), batches, sites)
+        per_initial[options] = variable_probes(task, batches, initial_resid, classifier, ridge)
+    return per_initial[options]
+
+
+def _residual_cka(resid: dict, sites: list, ref_sites: list, ref_cka) -> dict[str, Any]:
+    """CKA of each learned residual site with each compiled one: each site's best, the
+    matrix and its labels."""
     matrix = cka_matrix([resid[s] for s in sites], prepared=ref_cka).float()
-    for s, row in zip(sites, matrix):
-        out[f"tracr/cka/{site_name(s)}"] = float(row.max())
+    out: dict[str, Any] = {f"tracr/cka/{site_name(s)}": float(row.max()) for s, row in zip(sites, matrix)}
     out["cka"] = matrix
     out["cka_labels"] = [site_name(s) for s in sites] + [f"compiled {site_name(r)}" for r in ref_sites]
     return out
