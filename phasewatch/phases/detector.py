@@ -520,7 +520,8 @@ class _Judge:
 
     def _event(self, kind: str, change: float, before: float, after: float, times: tuple[float, float, float],
                steepest: float, snr: float, confidence: float) -> dict:
-        undo = (lambda v: 10**v) if self.use_log else (lambda v: v)
+        # a log-scale fit's level can lie far outside the data (a change under way, extrapolated): no overflow
+        undo = (lambda v: 10 ** min(max(v, -300.0), 300.0)) if self.use_log else (lambda v: v)
         onset, midpoint, end = (int(round(10**x)) for x in times)
         return Event(self.metric, "up" if change > 0 else "down", onset, midpoint=midpoint, end=end,
                      magnitude=float(abs(undo(after) - undo(before))), kind=kind,
