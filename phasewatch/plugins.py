@@ -14,6 +14,7 @@ names, and `only_trusted_imports` has jsonargparse refuse the same while it pars
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import warnings
 from collections.abc import Iterator
@@ -123,52 +124,67 @@ def check_trusted(config: object, source: str, allowed: tuple[str, ...] = (), fi
     jsonargparse would import is identifiers joined by dots (`pkg.mod.Name`, `pkg.mod:name`),
     wherever it appears (`class_path`, a bare class name, a list item). A file too large to
     read, or nesting too deep to follow, is refused rather than passed unread."""
-    roots = tuple(Path(b) for b in bases)
+    _TrustCheck(source, tuple(allowed), fix, tuple(Path(b) for b in bases)).walk(config, "", 0)
 
-    def refuse(where: str, problem: str, module: str | None) -> None:
-        hint = f"If you trust it, pass --allow {module.split('.')[0]}" if module else "Write the values out as a mapping"
-        raise ConfigError(where or "config", f"{source} {problem}", fix or hint)
 
-    def text_of(path: Path, where: str) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class _TrustCheck:
+    """One `check_trusted` of a config from `source`: the modules `allowed`, the `fix` that
+    replaces the refusal's own, the folders `bases` that relative file names are read from."""
+
+    source: str
+    allowed: tuple[str, ...]
+    fix: str | None
+    bases: tuple[Path, ...]
+
+    def walk(self, node: object, where: str, depth: int) -> None:
+        """Check a parsed tree at field `where` (dotted keys), `depth` levels down."""
+        if depth > 16:
+            self.refuse(where, "nests configuration too deeply to check for code it names", None)
+        if isinstance(node, dict):
+            for key, value in node.items():
+                self.walk(value, f"{where}.{key}" if where else str(key), depth + 1)
+        elif isinstance(node, list):
+            for item in node:
+                self.walk(item, where, depth + 1)
+        elif isinstance(node, str):
+            self._check_string(node, where, depth)
+
+    def _check_string(self, node: str, where: str, depth: int) -> None:
+        """A string: as a dotted name, as the YAML it may hold, as the file it may name."""
+        text = node.strip()
+        module = _dotted_module(text)
+        if module is not None and _importable(module) and not is_trusted(module, self.allowed):
+            self.refuse(where, f"names {text!r}, which is neither phasewatch's nor an installed plug-in's; "
+                               "importing it would run its code", module)
+        try:
+            parsed = yaml.safe_load(node)
+        except yaml.YAMLError:
+            parsed = None
+        if isinstance(parsed, (dict, list)) or (isinstance(parsed, str) and parsed.strip() != text):
+            self.walk(parsed, where, depth + 1)
+        path = _referenced_file(text, self.bases)
+        contents = None if path is None else self._text_of(path, where)
+        if contents is not None:
+            try:
+                self.walk(yaml.safe_load(contents), where, depth + 1)
+            except yaml.YAMLError:
+                pass  # not YAML: jsonargparse could not read it as configuration either
+
+    def _text_of(self, path: Path, where: str) -> str | None:
+        """The file's text; None for a binary file (a checkpoint, an array: not a config
+        jsonargparse could read); refused when too large to read whole."""
         with open(path, "rb") as f:
             data = f.read(_MAX_REFERENCED + 1)
         if b"\0" in data[:8192]:
-            return None  # binary (a checkpoint, an array): not a config jsonargparse could read
+            return None
         if len(data) > _MAX_REFERENCED:
-            refuse(where, f"names {str(path)!r}, a file too large to check for code it names", None)
+            self.refuse(where, f"names {str(path)!r}, a file too large to check for code it names", None)
         return data.decode("utf-8", errors="replace")
 
-    def walk(node: object, where: str, depth: int) -> None:
-        if depth > 16:
-            refuse(where, "nests configuration too deeply to check for code it names", None)
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{where}.{key}" if where else str(key), depth + 1)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item, where, depth + 1)
-        elif isinstance(node, str):
-            text = node.strip()
-            module = _dotted_module(text)
-            if module is not None and _importable(module) and not is_trusted(module, allowed):
-                refuse(where, f"names {text!r}, which is neither phasewatch's nor an installed plug-in's; "
-                              "importing it would run its code", module)
-            try:
-                parsed = yaml.safe_load(node)
-            except yaml.YAMLError:
-                parsed = None
-            if isinstance(parsed, (dict, list)) or (isinstance(parsed, str) and parsed.strip() != text):
-                walk(parsed, where, depth + 1)
-            path = _referenced_file(text, roots)
-            if path is not None:
-                contents = text_of(path, where)
-                if contents is not None:
-                    try:
-                        walk(yaml.safe_load(contents), where, depth + 1)
-                    except yaml.YAMLError:
-                        pass  # not YAML: jsonargparse could not read it as configuration either
-
-    walk(config, "", 0)
+    def refuse(self, where: str, problem: str, module: str | None) -> None:
+        hint = f"If you trust it, pass --allow {module.split('.')[0]}" if module else "Write the values out as a mapping"
+        raise ConfigError(where or "config", f"{self.source} {problem}", self.fix or hint)
 
 
 def named_modules(argv: list[str]) -> tuple[str, ...]:
