@@ -1,5 +1,5 @@
 """Known answers of `plugins.check_trusted`: which parsed configs it refuses, at which field,
-with which problem and fix (the forms jsonargparse could import from; docs/plugins.md)."""
+with which problem and fix (the forms jsonargparse could import from)."""
 
 import pytest
 
