@@ -235,15 +235,15 @@ def test_an_online_resume_rewinds_wandb_to_the_checkpoint_step(tmp_path, monkeyp
     from phasewatch.loggers.wandb_logger import make_wandb_logger
 
     monkeypatch.setenv("WANDB_MODE", "online")
-    store = RunFolder(tmp_path / "run")
-    store.create()
-    resumed = make_wandb_logger(store, "run", "phasewatch", {}, resume_step=120)
-    run_id = store.wandb_id()
+    folder = RunFolder(tmp_path / "run")
+    folder.create()
+    resumed = make_wandb_logger(folder, "run", "phasewatch", {}, resume_step=120)
+    run_id = folder.wandb_id()
     assert resumed._wandb_init["resume_from"] == f"{run_id}?_step=120" and resumed._wandb_init["resume"] is None
     moment = wandb.Settings(run_id=run_id, resume_from=resumed._wandb_init["resume_from"]).resume_from
     assert (moment.run, moment.metric, moment.value) == (run_id, "_step", 120)
-    new = make_wandb_logger(store, "run", "phasewatch", {})
+    new = make_wandb_logger(folder, "run", "phasewatch", {})
     assert "resume_from" not in new._wandb_init and new._wandb_init["resume"] == "allow"
     monkeypatch.setenv("WANDB_MODE", "offline")
-    offline = make_wandb_logger(store, "run", "phasewatch", {}, resume_step=120)
-    assert "resume_from" not in offline._wandb_init and offline.folder is store
+    offline = make_wandb_logger(folder, "run", "phasewatch", {}, resume_step=120)
+    assert "resume_from" not in offline._wandb_init and offline.folder is folder

@@ -204,10 +204,10 @@ def test_a_run_started_by_wandb_agent_takes_the_agents_run_id(tmp_path, monkeypa
     monkeypatch.setenv("WANDB_RUN_ID", "agentrun1")
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert default_run_dir("induction") == Path("runs") / "sweep-sw33p" / "agentrun1"
-    store = RunFolder(tmp_path / "run")
-    store.create()
-    logger = make_wandb_logger(store, "run", "phasewatch-test", {})
-    assert (store.root / "wandb_id").read_text().strip() == "agentrun1"
+    folder = RunFolder(tmp_path / "run")
+    folder.create()
+    logger = make_wandb_logger(folder, "run", "phasewatch-test", {})
+    assert (folder.root / "wandb_id").read_text().strip() == "agentrun1"
     assert logger.version == "agentrun1"
     monkeypatch.delenv("WANDB_SWEEP_ID")
     monkeypatch.delenv("WANDB_RUN_ID")
