@@ -9,8 +9,9 @@ begin and under which name, when it was confirmed and under which name, whether 
 confirmed stage has the lead and the name the "begins" line said (a name said "so far"), and, against the finished
 run's stages (`run_stages`, the offline answer; matched by most shared series), whether it
 began before that stage's midpoint and was confirmed by 1.2 x its end. Per run: stages said,
-withdrawn, and the console lines by default (stage lines and per-series lines
-`_worth_saying`) per confirmed stage. Prints markdown; `--lines` also prints the lines.
+withdrawn, the console lines by default (stage lines and per-series lines `_worth_saying`) per
+confirmed stage, stages named at "begins" and how many of them were confirmed under another
+name, leads that changed, and names confirmed for two stages. Prints markdown; `--lines` also prints the lines.
 """
 
 from __future__ import annotations
@@ -94,12 +95,18 @@ def table(runs: list[Path], show_lines: bool) -> str:
                        f"{r.get('early', '-')} | {r.get('on_time', '-')} | "
                        f"{r['begins_lead'] == r['lead'] if 'begins' in r and 'series' in r else '-'} |")
         confirmed = [r for r in rows if "series" in r]
-        totals.append((run.name, len(rows), sum("withdrawn" in r for r in rows), len(confirmed), len(result["lines"])))
+        named = [r for r in confirmed if r.get("begins_name")]
+        names = [r["name"] for r in confirmed if r["name"]]
+        totals.append((run.name, len(rows), sum("withdrawn" in r for r in rows), len(confirmed), len(result["lines"]),
+                       len(named), sum(r["begins_name"] != r["name"] for r in named),
+                       sum(r["begins_lead"] != r["lead"] for r in confirmed if "begins" in r), len(names) - len(set(names))))
         if show_lines:
             out += [f"    {step} {kind}: {text}" for step, kind, text in result["lines"]]
-    out += ["", "| run | stages said | withdrawn | confirmed | console lines (default) | lines per confirmed stage |",
-            "|---|---|---|---|---|---|"]
-    out += [f"| {n} | {said} | {w} | {c} | {lines} | {lines / max(c, 1):.1f} |" for n, said, w, c, lines in totals]
+    out += ["", "| run | stages said | withdrawn | confirmed | console lines (default) | lines per confirmed stage | "
+            "named at begins | of them renamed when confirmed | lead changed | names confirmed twice |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    out += [f"| {n} | {said} | {w} | {c} | {lines} | {lines / max(c, 1):.1f} | {nb} | {rn} | {lc} | {dup} |"
+            for n, said, w, c, lines, nb, rn, lc, dup in totals]
     return "\n".join(out)
 
 

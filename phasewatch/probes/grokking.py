@@ -242,7 +242,7 @@ def _applies(task) -> bool:
 
 _GROKKING_RUN = r"grok/restricted_loss"
 _TRAIN, _TEST = "train/acc up | train/loss down", ("val/acc up", "val/loss down")
-_CLEANING = "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up"
+_CLEANING = "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up | grok/restricted_loss down"
 _NANDA = "Nanda et al. 2023"
 #: the three phases of Nanda et al. 2023 (section 5.1), by what moves in them and in their order
 #: (each at most once; docs/stages.md)
@@ -255,8 +255,8 @@ STAGES = (
                      "loss falls (the weights shrinking smoothly) while the test loss stays"),
     Signature("cleanup", moves=("val/loss down | val/acc up", _CLEANING),
               absent=("train/acc up",), run_has=_GROKKING_RUN, sequence=_NANDA,
-              source="Nanda et al. 2023, sec. 5.1: last, the test loss falls as the weight norm falls sharply and "
-                     "the Gini coefficients rise"),
+              source="Nanda et al. 2023, sec. 5.1: last, the test loss falls as the weight norm falls sharply, "
+                     "the Gini coefficients rise and the restricted loss goes on falling"),
 )
 
 KEYS = KeyFamilies(

@@ -202,6 +202,13 @@ def test_the_grokking_phases_are_named_in_their_order_each_once():
     stages = detect_stages([e for stage in run for e in stage], series, rules)
     assert [members(s) for s in stages] == [sorted((e["metric"], e["direction"]) for e in stage) for stage in run]
     assert [s.name for s in stages] == ["memorisation", "circuit formation", "cleanup", None, None]
+    # circuit formation and cleanup one event (the test accuracy rises as the restricted loss
+    # falls and the excluded loss rises; the weights' fall too slow to be a member): cleanup, and
+    # a later restricted-loss fall is no circuit formation after it
+    merged = run[:1] + [[event("val/acc", 300, "up"), event("grok/restricted_loss", 290), event("grok/excluded_loss", 310, "up")],
+                        [event("grok/restricted_loss", 3000), event("grok/n_key_freqs", 3100, "up")]]
+    assert [s.name for s in detect_stages([e for st in merged for e in st], series, rules)] == [
+        "memorisation", "cleanup", None]
     # a second stage where only the train loss falls is no second memorisation
     again = run[:1] + [[event("train/loss", 700), event("probe/x", 700)]]
     assert [s.name for s in detect_stages([e for st in again for e in st], series, rules)] == ["memorisation", None]
