@@ -104,7 +104,7 @@ class LocalSweep:
         self.pack = packable(self.config) if pack is None else pack
         self.name = str(self.config.get("name") or self.file.stem)
         self.root = Path(out) if out is not None else RUNS / f"sweep-{self.name}"
-        self.folder = SweepFolder(self.root)
+        self.sweep_folder = SweepFolder(self.root)
         self.count, self.parallel = count, parallel
         self._new, self._exhausted = 0, False  # this invocation's new runs; whether the search is done
         if parallel < 1:
@@ -119,9 +119,9 @@ class LocalSweep:
 
     # state file -------------------------------------------------------------------------
     def _load_state(self) -> dict[str, Any]:
-        if not self.folder.is_sweep():
+        if not self.sweep_folder.is_sweep():
             return {"name": self.name, "file": str(self.file), "config": self.config, "pid": None, "runs": []}
-        state = self.folder.read_state()
+        state = self.sweep_folder.read_state()
         if state.get("config") != self.config:
             raise ConfigError("out", f"{self.root} holds the sweep of another file ({state.get('file')}) "
                                      "or of an earlier version of this one",
@@ -133,7 +133,7 @@ class LocalSweep:
         return state
 
     def _save(self) -> None:
-        self.folder.write_state(self.state)
+        self.sweep_folder.write_state(self.state)
 
     # search -----------------------------------------------------------------------------
     def _sweep_runs(self) -> list:
@@ -173,7 +173,7 @@ class LocalSweep:
 
     # runs -------------------------------------------------------------------------------
     def run_dir(self, run: dict[str, Any]) -> Path:
-        return self.folder.run(run).root
+        return self.sweep_folder.run(run).root
 
     def units(self, runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         """The processes to start: one run each, or with packing one per group of runs that
@@ -195,12 +195,12 @@ class LocalSweep:
             units += [unit] if unit[0].get("pack") else [[run] for run in unit]  # one seed left: a run alone
         return units
 
-    def _folder(self, unit: list[dict[str, Any]]) -> RunFolder:
+    def _run_folder(self, unit: list[dict[str, Any]]) -> RunFolder:
         """The folder the unit's process trains in: its run's, or its population's."""
-        return self.folder.run(unit[0]["pack"]) if unit[0].get("pack") else self.folder.run(unit[0])
+        return self.sweep_folder.run(unit[0]["pack"]) if unit[0].get("pack") else self.sweep_folder.run(unit[0])
 
     def command(self, unit: list[dict[str, Any]]) -> list[str]:
-        folder = self._folder(unit)
+        folder = self._run_folder(unit)
         if unit[0].get("pack"):
             params = {k: v for k, v in unit[0]["params"].items() if k != SEED}
             seeds = ",".join(f"{run['params'][SEED]}-{run['params'][SEED]}" for run in unit)  # ranges: never a count
@@ -213,15 +213,15 @@ class LocalSweep:
         return cmd
 
     def _start(self, unit: list[dict[str, Any]]) -> subprocess.Popen:
-        folder = self._folder(unit)
+        folder = self._run_folder(unit)
         if folder.root.exists() and not folder.last_checkpoint.exists():
             shutil.rmtree(folder.root)  # stopped before its first checkpoint: nothing to resume
-        self.folder.logs.mkdir(parents=True, exist_ok=True)
+        self.sweep_folder.logs.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.setdefault("WANDB_MODE", "offline")
         env["WANDB_RUN_GROUP"] = self.name
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.parallel)))
-        with open(self.folder.log(folder.root.name), "a") as log:
+        with open(self.sweep_folder.log(folder.root.name), "a") as log:
             proc = subprocess.Popen(self.command(unit), stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
         for run in unit:
@@ -236,7 +236,7 @@ class LocalSweep:
             run["seconds"] = round(run["end_time"] - run["start_time"], 1)
             run["state"] = "finished" if code == 0 else ("stopped" if code < 0 else "failed")
             metric = (self.config.get("metric") or {}).get("name")
-            series = self.folder.run(run).series()
+            series = self.sweep_folder.run(run).series()
             if metric and metric in series:
                 run["summary"] = {metric: series[metric][1][-1]}
         self._save()
@@ -310,7 +310,7 @@ class LocalSweep:
               running: dict[str, tuple[subprocess.Popen, list[dict[str, Any]]]]) -> None:
         """Start units until --parallel of them run or none is left."""
         while len(running) < self.parallel and (unit := self._next_unit(units)) is not None:
-            name = self._folder(unit).root.name
+            name = self._run_folder(unit).root.name
             running[name] = (self._start(unit), unit)
             print(f"  start  {name}  {_describe_unit(unit)}", flush=True)
 
@@ -324,7 +324,7 @@ class LocalSweep:
             self._finish(unit, code)
             for run in unit:
                 extra = "".join(f"  {k} {v:.4g}" for k, v in (run.get("summary") or {}).items())
-                log = "" if code == 0 else f"  (exit {code}; see {self.folder.log(name)})"
+                log = "" if code == 0 else f"  (exit {code}; see {self.sweep_folder.log(name)})"
                 print(f"  {run['state']:8s} {run['name']}  in {run['seconds']:.0f} s{extra}{log}", flush=True)
 
     def _stop(self, running: dict[str, tuple[subprocess.Popen, list[dict[str, Any]]]]) -> None:
