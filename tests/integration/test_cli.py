@@ -118,6 +118,33 @@ def test_phases_command_json_on_a_run_and_bad_keys(tmp_path, capsys):
     assert "no series ['nope']" in capsys.readouterr().err
 
 
+def test_phases_command_tables_each_series_and_its_lead_over_the_reference(tmp_path, capsys):
+    """Two losses dropping at steps 300 and 600 (sampled every 10): each series' row has its
+    drop, and the earlier one leads the later by about 300 steps, against either reference."""
+    import json as _json
+
+    run = tmp_path / "m.jsonl"
+    rows = [{"step": s, "val/loss": 3.0 if s < 600 else 0.5, "train/loss": 2.5 if s < 300 else 0.1}
+            for s in range(10, 3000, 10)]
+    run.write_text("".join(_json.dumps(r) + "\n" for r in rows))
+
+    def printed(*args) -> tuple[dict[str, list[str]], str]:
+        assert main(["phases", str(run), "--series", *args]) == 0
+        out = capsys.readouterr().out
+        table = out.split("\n2 transitions in 2 series", 1)[1].split("lead/lag", 1)[0]
+        return {line.split()[0]: line.split() for line in table.splitlines()[2:] if line.strip()}, out
+
+    table, out = printed()
+    assert table["train/loss"][1] == "down" and 290 <= int(table["train/loss"][3]) <= 300  # midpoint
+    assert table["val/loss"][1] == "down" and 590 <= int(table["val/loss"][3]) <= 600
+    lead = re.search(r"lead/lag against val/loss going down .*\n  train/loss +down midpoint +\d+  leads by +(-?\d+) steps",
+                     out)
+    assert lead and 290 <= int(lead[1]) <= 310
+    _, out = printed("--reference", "train/loss")
+    lag = re.search(r"lead/lag against train/loss .*\n  val/loss +down midpoint +\d+  leads by +(-?\d+) steps", out)
+    assert lag and -310 <= int(lag[1]) <= -290
+
+
 TINY_MOD = ["--data.task.p", "13", "--model.arch.d_model", "16", "--model.arch.n_heads", "2", "--model.arch.d_head",
             "8", "--model.arch.d_mlp", "32", "--trainer.enable_progress_bar", "false", "--no_wandb"]
 
