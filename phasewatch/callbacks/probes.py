@@ -68,6 +68,7 @@ class ProbeRunner(pl.Callback):
         self._steps: set[int] = set()
         self._probes: list = []
         self._own_steps: dict[str, set[int]] = {}
+        self._due_steps: set[int] = set()
         self._keys: dict[str, set[str]] = {}  # probe -> the scalar keys it has logged (which series are whose)
         self._validated_at: int | None = None
         self._initial = None  # a frozen copy of the model at step 0, for `initial` probes
@@ -89,6 +90,10 @@ class ProbeRunner(pl.Callback):
             self.stacked = StackedProbes.of_one(pl_module.model, task).values_of(0)
         self._steps = set(self.schedule.resolve(trainer.max_steps))
         self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in own.items()}
+        # the steps where `_scheduled` has a probe without the dense grid (`due_at`)
+        self._due_steps = set().union(*(self._own_steps[p.name] if p.name in self._own_steps
+                                        else {0} if p.cheap and self.every_validation else self._steps
+                                        for p in self._probes))
 
     # --- when ---------------------------------------------------------------------
 
@@ -115,11 +120,12 @@ class ProbeRunner(pl.Callback):
         return due
 
     def due_at(self, step: int, dense: bool = False) -> bool:
-        """Whether probes may run at the start of `step` (`on_train_batch_start`): the step is on
-        the shared schedule or a probe's own, or is step 0, or `dense` (the run's transition
-        watcher has the step on its dense grid with an onset pending). False: nothing runs
-        there, so a population may leave this callback out of the step (training/population.py)."""
-        return dense or step == 0 or step in self._steps or any(step in s for s in self._own_steps.values())
+        """Whether probes may run at the start of `step` (`on_train_batch_start`): a probe's
+        schedule (its own, else the shared one; step 0 for the cheap ones of `every_validation`)
+        has the step, or `dense` (the run's transition watcher has the step on its dense grid
+        with an onset pending). False: nothing runs there, so a population may leave this
+        callback out of the step (training/population.py)."""
+        return bool(self._probes) and (dense or step in self._due_steps)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.clock.start()
@@ -215,7 +221,6 @@ def measure(model, task, probes: list, options: dict[str, dict], initial=None,
     probe's time goes to `clock` when given. `given(name, options)`: a probe's values
     measured otherwise (over a population's stacked weights), None to run the probe."""
     was_training = model.training
-    model.eval()
     out = {}
     try:
         with torch.no_grad():
@@ -223,13 +228,17 @@ def measure(model, task, probes: list, options: dict[str, dict], initial=None,
                 started = time.perf_counter()
                 own = options.get(p.name, {})
                 values = None if given is None else given(p.name, own)
-                out[p.name] = values if values is not None else p(model, task, **own,
-                                                                  **({"initial": initial} if p.initial else {}))
+                if values is None:
+                    if model.training:  # (switched only for a probe that runs on the model: costly on a bridge)
+                        model.eval()
+                    values = p(model, task, **own, **({"initial": initial} if p.initial else {}))
+                out[p.name] = values
                 if clock is not None:
                     clock.record(p.name, time.perf_counter() - started)
         return out
     finally:
-        model.train(was_training)
+        if model.training != was_training:
+            model.train(was_training)
 
 
 class StackedProbes:

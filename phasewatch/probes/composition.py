@@ -86,7 +86,11 @@ def _ln1_scale(model, layer: int) -> Tensor | None:
 
 def composition_scores(model) -> dict[str, Float[Tensor, "layer head layer head"]]:
     """Q-, K- and V-composition for every head pair, NaN where layer(l1) >= layer(l2)."""
-    w = head_weights(model)
+    return scores_of_weights(head_weights(model))
+
+
+def scores_of_weights(w: dict[str, Tensor]) -> dict[str, Float[Tensor, "layer head layer head"]]:
+    """`composition_scores` of the weights `head_weights` gives."""
     n_layers, n_heads = w["W_Q"].shape[:2]
     flat = {k: v.flatten(0, 1) for k, v in w.items()}  # (layer*head, ...)
     ov_u, ov_v = flat["W_V"], flat["W_O"]  # A = W_V W_O
@@ -116,11 +120,11 @@ def random_baseline(d_model: int, d_head: int, samples: int = 256, seed: int = 0
 COMPOSE_FACTOR = 1.6
 
 
-def composition_probe_values(model, factor: float = COMPOSE_FACTOR) -> dict:
+def composition_probe_values(model, factor: float = COMPOSE_FACTOR, scores: dict[str, Tensor] | None = None) -> dict:
     """Scalars and arrays of the composition probe (keys in the module docstring), and
     the pairs scoring above `factor` x the empirical baseline (`<kind>_pairs`,
-    `comp/<kind>/count`)."""
-    scores = composition_scores(model)
+    `comp/<kind>/count`). `scores`: the model's `composition_scores` when computed already."""
+    scores = composition_scores(model) if scores is None else scores
     d_model, d_head = model.W_Q.shape[-2], model.W_Q.shape[-1]
     baseline = random_baseline(d_model, d_head)
     out: dict = {"comp/baseline": baseline, "comp/baseline_analytic": 1 / math.sqrt(d_model)}

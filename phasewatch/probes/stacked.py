@@ -2,9 +2,10 @@
 member's architecture), every member's parameters stacked along a leading member dimension
 (`params`, as `torch.func.functional_call` names them), the members' own models (for what
 reads weights directly) and the task, and returns each member's values: the probe's values
-on that member alone, to float rounding (the forward pass is one `torch.func.vmap` over the
-members instead of one pass each). `STACKED` names the probes that have such a form; every
-other probe runs member by member. Pure: weights in, numbers out."""
+on that member alone, to float rounding (one `torch.func.vmap` over the members does the
+tensor work of all of them). `STACKED` names the probes that have such a form (grokking:
+the logits of every input; composition: the Q/K/V scores); every other probe runs member by
+member. Pure: weights in, numbers out."""
 
 from __future__ import annotations
 
@@ -15,10 +16,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phasewatch.models import parameters_kept
+from phasewatch.probes.composition import COMPOSE_FACTOR, composition_probe_values, head_weights, scores_of_weights
 from phasewatch.probes.grokking import CHUNK, check_key_freqs, grid_inputs, progress_measures
 
 #: members in one vectorised pass (each over `CHUNK` inputs), to bound its memory
 MEMBERS_PER_PASS = 16
+
+
+def _one_as_two(stacked: dict[str, Tensor]) -> tuple[dict[str, Tensor], int]:
+    """A stack of one member doubled (a stack of one rounds otherwise than larger ones in
+    PyTorch's batched kernels: `training.module.vectorised_outputs`), and the members' count."""
+    size = next(iter(stacked.values())).shape[0]
+    return ({name: torch.cat([p, p]) for name, p in stacked.items()} if size == 1 else stacked), size
 
 
 def stacked_last_logits(template: torch.nn.Module, params: dict[str, Tensor], tokens: Int[Tensor, "rows seq"],
@@ -31,9 +40,7 @@ def stacked_last_logits(template: torch.nn.Module, params: dict[str, Tensor], to
         return functional_call(template, member, (chunk,))[:, -1, :classes].double()
 
     def group(members: dict[str, Tensor]) -> Tensor:
-        size = next(iter(members.values())).shape[0]
-        if size == 1:  # a stack of one rounds otherwise than larger ones (`vectorised_outputs`): run it as two
-            members = {name: torch.cat([p, p]) for name, p in members.items()}
+        members, size = _one_as_two(members)
         out = torch.cat([vmap(one, in_dims=(0, None))(members, chunk) for chunk in tokens.split(CHUNK)], dim=1)
         return out[:size]
 
@@ -58,5 +65,19 @@ def grokking_stacked(template: torch.nn.Module, params: dict[str, Tensor], model
     return [progress_measures(model, task, freqs, logits=own) for model, own in zip(models, logits)]
 
 
+def composition_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: list, task,
+                        factor: float = COMPOSE_FACTOR) -> list[dict[str, Any]]:
+    """The composition probe (`probes.composition.composition_probe`) of every member: the
+    Q/K/V scores of all members in one vmapped pass, the keys and pairs member by member."""
+    from torch.func import vmap
+
+    weights = [head_weights(model) for model in models]
+    stacked, size = _one_as_two({name: torch.stack([w[name] for w in weights]) for name in weights[0]})
+    scores = vmap(scores_of_weights)(stacked)
+    return [composition_probe_values(model, factor, {kind: s[k] for kind, s in scores.items()})
+            for k, model in enumerate(models[:size])]
+
+
 #: probe name -> its form over stacked weights: (template, params, models, task, **options) -> values per member
-STACKED: dict[str, Callable[..., list[dict[str, Any]]]] = {"grokking": grokking_stacked}
+STACKED: dict[str, Callable[..., list[dict[str, Any]]]] = {"grokking": grokking_stacked,
+                                                           "composition": composition_stacked}

@@ -460,13 +460,13 @@ class MemberCallbacks(pl.Callback):
                 if hooked[k][2] and any(w.dense_now(step) for w in watchers)]
 
     def _each(self, hook: str, trainer: pl.Trainer, pl_module: PopulationModule, *args: Any) -> None:
+        acting = [entry for entry in self.acting(hook, trainer.global_step, bool(trainer.received_sigterm)) if entry[2]]
+        if not acting:  # (most steps)
+            return
         frozen = {name: getattr(trainer, name) for name in FROZEN}
         saved = False
-        acting = self.acting(hook, frozen["global_step"], bool(frozen["received_sigterm"]))
         self.probes.expect([view._index for view, _, _ in acting])
         for view, member, callbacks in acting:
-            if not callbacks:
-                continue
             view.saved, view.frozen = False, frozen
             try:
                 for cb in callbacks:

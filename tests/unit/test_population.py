@@ -185,6 +185,21 @@ def test_a_callback_is_due_at_the_steps_where_it_acts(tmp_path, monkeypatch):
     assert due_saves == sorted({0, 5, 7, 10, 15, 20, 25, 30} | set(dense_steps))
     assert set(probed) <= set(due_probes) and set(saved) <= set(due_saves)
     assert set(probed) == {0, 6, 12} | set(dense_steps)  # (the known answer of the runner itself)
+    # a cheap probe of `every_validation` runs at validations (their own hook) and step 0, not on the schedule
+    from types import SimpleNamespace
+
+    from phasewatch.callbacks.probes import ProbeRunner
+
+    from phasewatch.tasks.modular_addition import ModularAddition
+
+    cheap = ProbeRunner(names=["composition"], schedule=runner.schedule)
+    cheap.setup(trainer, SimpleNamespace(task=ModularAddition(p=7)), "fit")
+    ran = []
+    for step in range(31):
+        trainer.global_step = step
+        ran += [step] if cheap._scheduled(trainer) else []
+    assert [s for s in range(31) if cheap.due_at(s)] == [0]
+    assert [s for s in range(31) if cheap.due_at(s, watcher.dense_now(s))] == ran == sorted({0} | set(dense_steps))
 
 
 def test_the_population_runs_member_callbacks_only_at_steps_where_one_is_due(tmp_path):

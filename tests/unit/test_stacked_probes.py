@@ -4,11 +4,13 @@ the values the probe gives it alone, and a population measures them once per ste
 import copy
 import math
 
+import pytest
 import torch
 
 from phasewatch.callbacks.probes import StackedProbes
 from phasewatch.models import ModelConfig, build_model, native_module
 from phasewatch.probes import stacked
+from phasewatch.probes.composition import composition_probe
 from phasewatch.probes.grokking import grokking_probe
 from phasewatch.tasks import make_task
 
@@ -41,6 +43,31 @@ def test_the_grokking_probe_over_stacked_weights_is_each_members_own(monkeypatch
     assert fixed[2]["key_freqs"] == [1, 4] == grokking_probe(models[2], task, key_freqs=[1, 4])["key_freqs"]
 
 
+@pytest.mark.parametrize("normalization", ["none", "LN"])
+def test_the_composition_probe_over_stacked_weights_is_each_members_own(normalization):
+    """Three 2-layer members (and a stack of one): every score, maximum, count and composing pair."""
+    task = make_task("induction", vocab_size=8, seq_len=11, max_len=5)
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        models.append(build_model(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=True,
+                                              normalization=normalization), task))
+    together = stacked.composition_stacked(None, {}, models, task)
+    assert together[0]["comp/k/max"] != together[1]["comp/k/max"]  # the members differ
+    assert stacked.composition_stacked(None, {}, models[2:], task, factor=1.2)[0]["k_pairs"] == \
+        composition_probe(models[2], task, factor=1.2)["k_pairs"]
+    for model, values in zip(models, together):
+        alone = composition_probe(model, task)
+        assert set(values) == set(alone)
+        for key, value in alone.items():
+            if isinstance(value, float):
+                assert math.isclose(values[key], value, rel_tol=1e-12, abs_tol=1e-15), key
+            elif isinstance(value, list):
+                assert values[key] == value, key
+            else:
+                torch.testing.assert_close(values[key], value, equal_nan=True)
+
+
 def test_a_population_measures_a_stacked_probe_once_per_step_for_the_members_that_ask(monkeypatch):
     """The first member to ask at a step gets the probe measured for every member expected to
     ask; the others are handed theirs; one not expected is measured when it asks; a new step
@@ -61,4 +88,4 @@ def test_a_population_measures_a_stacked_probe_once_per_step_for_the_members_tha
     assert probes.values(1, "grokking", {}, 5) == {"member": id(models[1])} and calls == [2, 1]
     assert probes.values(0, "grokking", {"key_freqs": [1]}, 5)["key_freqs"] == [1] and calls == [2, 1, 2]
     assert probes.values(0, "grokking", {}, 6) == {"member": id(models[0])} and calls == [2, 1, 2, 2]
-    assert probes.values(0, "heads", {}, 6) is None
+    assert probes.values(0, "heads", {}, 6) is None  # (no stacked form)
