@@ -100,8 +100,15 @@ class _Walk:
     max_rise: float
     check_every: int
 
-    def check_due(self, t: int, steps: int) -> bool:
-        return (t + 1) % self.check_every == 0 or t == steps - 1
+    def step(self, w: Tensor, grad: Tensor, w_star: Tensor, noise: Tensor) -> None:
+        _sgld_step(w, grad, w_star, noise, self.step_size, self.nb, self.gamma)
+
+    def still_in_basin(self, trace: Tensor, t: int) -> bool:
+        """False when a check is due after step t (every `check_every` steps, and at the last)
+        and finds a chain of `trace` (chains x steps, or one chain's row) out of the basin."""
+        steps = trace.shape[-1]
+        due = (t + 1) % self.check_every == 0 or t == steps - 1
+        return not due or _check(trace, t, self.loss_star, self.nb, self.max_rise)  # one host sync per check
 
 
 def _run_chain(loss_fn: Callable[[int], Tensor], params: list[Tensor], w_star: list[Tensor],
@@ -111,8 +118,7 @@ def _run_chain(loss_fn: Callable[[int], Tensor], params: list[Tensor], w_star: l
     with torch.no_grad():
         for p, p0 in zip(params, w_star):
             p.copy_(p0)
-    steps = trace.shape[0]
-    for t in range(steps):
+    for t in range(trace.shape[0]):
         with torch.enable_grad():
             loss = loss_fn(t)
             grads = torch.autograd.grad(loss, params)
@@ -120,9 +126,9 @@ def _run_chain(loss_fn: Callable[[int], Tensor], params: list[Tensor], w_star: l
         with torch.no_grad():
             for p, grad, p0 in zip(params, grads, w_star):
                 step_noise = torch.randn(p.shape, generator=noise, device=p.device, dtype=p.dtype)
-                _sgld_step(p, grad, p0, step_noise, walk.step_size, walk.nb, walk.gamma)
-        if walk.check_due(t, steps) and not _check(trace, t, walk.loss_star, walk.nb, walk.max_rise):
-            return False  # one host sync per check_every steps
+                walk.step(p, grad, p0, step_noise)
+        if not walk.still_in_basin(trace, t):
+            return False
     return True
 
 
@@ -210,23 +216,23 @@ def estimate_llc_side_by_side(
 
     d = sum(p.numel() for p in params.values())
     nb, max_rise = _settings(n, d, chains, draws, burn_in, step_size, gamma, beta, max_rise)
+    walk = _Walk(step_size, nb, gamma, float(loss_star), max_rise, check_every)
     w_star = {k: p.detach() for k, p in params.items()}
     device = next(iter(w_star.values())).device
     noise_of = chain_generators(seed, chains, device)
     state = {k: p.unsqueeze(0).repeat(chains, *[1] * p.dim()) for k, p in w_star.items()}
     step = vmap(grad_and_value(loss), in_dims=(0, 0))
-    steps = burn_in + draws
-    trace = torch.full((chains, steps), float("nan"), dtype=torch.float64, device=device)
+    trace = torch.full((chains, burn_in + draws), float("nan"), dtype=torch.float64, device=device)
     converged = True
-    for t in range(steps):
+    for t in range(burn_in + draws):
         grads, values = step(state, inputs_at(t))
         trace[:, t] = values.detach()
         with torch.no_grad():
             for k, w in state.items():
                 noise = torch.stack([torch.randn(w.shape[1:], generator=g, device=device, dtype=w.dtype)
                                      for g in noise_of])
-                _sgld_step(w, grads[k], w_star[k], noise, step_size, nb, gamma)
-        if ((t + 1) % check_every == 0 or t == steps - 1) and not _check(trace, t, loss_star, nb, max_rise):
+                walk.step(w, grads[k], w_star[k], noise)
+        if not walk.still_in_basin(trace, t):
             converged = False
             break
     return _result(trace, burn_in, draws, float(loss_star), nb, d, converged)
