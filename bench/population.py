@@ -6,7 +6,8 @@ Two measurements, each against its baseline in the same run:
   process, one vectorised step for all members) against N runs of `phasewatch fit` one
   after the other, in this process (so neither pays Python's start-up; sequential
   processes would each pay it too). Every run trains `--steps` steps of the config with
-  its validation schedule, no probes, no W&B, checkpoints at step 0 and the end. The
+  its validation schedule, no probes (with `--probes default` too: the task's default probes
+  on their default schedule), no W&B, checkpoints at step 0 and the end. The
   sequential time is N x the median of `--solo` runs alone, of seeds 0, 1, ... as members
   0, 1, ... are (`seed_everything` k, and the data seed k where the members' data varies):
   seeds differ in cost, since a run with a transition under way gets adaptive resolution's
@@ -24,7 +25,7 @@ Two measurements, each against its baseline in the same run:
   and the two estimates.
 
     python bench/population.py --part train [--config ...] [--members 1 4 16] [--steps 100] [--markdown]
-    python bench/population.py --part train --proxy --baseline_tree ../base ...   # host work, before and after
+    python bench/population.py --part train --proxy --baseline_tree ../base --probes none default ...  # host work
     python bench/population.py --part llc [--config ...] [--chains 2 4 8] [--draws 100] [--markdown]
     python bench/population.py --device cuda --members 1 16 64 ...   # the GPU variant
 """
@@ -60,8 +61,9 @@ def time_llc(model, task, side_by_side: bool, repeats: int, **settings) -> tuple
 
 
 def time_fit(config: str, steps: int, device: str, seeds: str | None, seed: int | None = None,
-             data_seed: bool = False, flags: list[str] = ()) -> dict:
-    """One `phasewatch fit` of `config` (with `flags`): a population when `seeds` is given, else
+             data_seed: bool = False, flags: list[str] = (), probes: bool = False) -> dict:
+    """One `phasewatch fit` of `config` (with `flags`; with `probes` the config's probes, the
+    task's default ones on their default schedule, else none): a population when `seeds` is given, else
     the run alone of member `seed` (its `seed_everything`, and with `data_seed` its data seed
     too: training/population.py's `member_config`); the config's own seeds when `seed` is None.
     Its seconds: `wall` (the whole command: set-up, training, the reports after it) and `loop`
@@ -86,7 +88,7 @@ def time_fit(config: str, steps: int, device: str, seeds: str | None, seed: int 
 
     with tempfile.TemporaryDirectory() as tmp:
         args = ["--config", config, "--run_dir", f"{tmp}/run", "--trainer.max_steps", str(steps),
-                "--trainer.accelerator", device, "--no_wandb", "--probes.names", "[]",
+                "--trainer.accelerator", device, "--no_wandb", *([] if probes else ["--probes.names", "[]"]),
                 "--report.every_n_validations", "0", "--trainer.enable_progress_bar", "false",
                 "--checkpoints.schedule", '{"kind": "list", "steps": [0]}', "--checkpoints.last_every", str(steps),
                 *flags]
@@ -121,15 +123,15 @@ def bench_training(a, configs: list[str], warm: bool) -> list[dict]:
     if warm:  # the first fit in a process imports and compiles
         time_fit(configs[0], 2, a.device, None, flags=flags0)
         time_fit(configs[0], 2, a.device, "0-1", flags=flags0)
-    for config in configs:
-        flags = proxy_flags(config) if a.proxy else []
+    for config, probes in ((c, p) for c in configs for p in a.probes):
+        flags, probed = (proxy_flags(config) if a.proxy else []), probes == "default"
         varies = not build_from_config(config, flags)[1].task.full_batch  # as --population.vary_data's default
-        solo = _median([time_fit(config, a.steps, a.device, None, seed=k, data_seed=varies, flags=flags)
-                        for k in range(a.solo)])
+        solo = _median([time_fit(config, a.steps, a.device, None, seed=k, data_seed=varies, flags=flags,
+                                 probes=probed) for k in range(a.solo)])
         for n in a.members:
-            together = time_fit(config, a.steps, a.device, f"0-{n - 1}", flags=flags)
+            together = time_fit(config, a.steps, a.device, f"0-{n - 1}", flags=flags, probes=probed)
             memory = torch.cuda.max_memory_allocated() / n / 2**20 if a.device == "cuda" else None
-            row = dict(config=config, members=n, path=a.label, solo=solo["wall"], together=together["wall"],
+            row = dict(config=config, members=n, path=a.label, probes=probes, solo=solo["wall"], together=together["wall"],
                        ratio=n * solo["wall"] / together["wall"], loop_ratio=n * solo["loop"] / together["loop"],
                        cpu_ratio=n * solo["cpu"] / together["cpu"],
                        loop_cpu_ratio=n * solo["loop_cpu"] / together["loop_cpu"],
@@ -138,7 +140,7 @@ def bench_training(a, configs: list[str], warm: bool) -> list[dict]:
                        cpu_ms_together=1e3 * together["loop_cpu"] / (n * a.steps),
                        rate_apart=a.steps / solo["wall"], rate_together=n * a.steps / together["wall"], memory=memory)
             rows.append(row)
-            print(f"[{a.label}] {config}: {n} members x {a.steps} steps: one after the other {n * solo['wall']:.1f} s "
+            print(f"[{a.label}] {config} ({probes} probes): {n} members x {a.steps} steps: one after the other {n * solo['wall']:.1f} s "
                   f"({row['rate_apart']:.1f} member-steps/s), together {together['wall']:.1f} s "
                   f"({row['rate_together']:.1f} member-steps/s): {row['ratio']:.2f}x; training loop "
                   f"{row['loop_ratio']:.2f}x, {row['ms_together']:.2f} ms a member-step together, "
@@ -156,7 +158,7 @@ def baseline_rows(a, configs: list[str]) -> list[dict]:
     import subprocess
 
     argv = [sys.executable, __file__, "--json", "--label", "before", "--steps", str(a.steps), "--solo", str(a.solo),
-            "--device", a.device, "--config", *configs, "--members", *map(str, a.members),
+            "--device", a.device, "--config", *configs, "--members", *map(str, a.members), "--probes", *a.probes,
             *(["--proxy"] if a.proxy else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(a.baseline_tree).resolve()),
                                                        os.environ.get("PYTHONPATH", "")])}
@@ -167,14 +169,14 @@ def baseline_rows(a, configs: list[str]) -> list[dict]:
 def print_training(rows: list[dict], cpu: bool) -> None:
     """The table; with `cpu`, of the process's CPU time (the proxy on a shared machine)."""
     what = "CPU time" if cpu else "wall time"
-    print(f"| config | members | code | one after the other | together | speed-up ({what}) | speed-up, training "
-          f"loop | ms per member-step together (alone), training loop | memory per member |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| config | probes | members | code | one after the other | together | speed-up ({what}) | speed-up, "
+          f"training loop | ms per member-step together (alone), training loop | memory per member |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         memory = f"{r['memory']:.0f} MiB" if r["memory"] is not None else "-"
         ratio, loop = (r["cpu_ratio"], r["loop_cpu_ratio"]) if cpu else (r["ratio"], r["loop_ratio"])
         ms = (r["cpu_ms_together"], r["cpu_ms_alone"]) if cpu else (r["ms_together"], r["ms_alone"])
-        print(f"| {r['config']} | {r['members']} | {r['path']} | {r['members'] * r['solo']:.1f} s "
+        print(f"| {r['config']} | {r.get('probes', 'none')} | {r['members']} | {r['path']} | {r['members'] * r['solo']:.1f} s "
               f"({r['rate_apart']:.1f}/s) | {r['together']:.1f} s ({r['rate_together']:.1f}/s) | "
               f"{ratio:.2f}x | {loop:.2f}x | {ms[0]:.2f} ({ms[1]:.2f}) | {memory} |")
 
@@ -185,6 +187,8 @@ def main() -> int:
     ap.add_argument("--config", nargs="+", default=["configs/quickstart.yaml", "configs/induction_2l.yaml",
                                                      "configs/reverse.yaml"])
     ap.add_argument("--members", nargs="+", type=int, default=[1, 4, 16])
+    ap.add_argument("--probes", nargs="+", choices=["none", "default"], default=["none"],
+                    help="without probes, and/or with the config's default probes on their default schedule")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--solo", type=int, default=2, help="runs alone timed, of seeds 0.. (the median is used)")
     ap.add_argument("--chains", nargs="+", type=int, default=[2, 4, 8])
@@ -213,7 +217,8 @@ def main() -> int:
 
             print(json.dumps(rows))
         if a.markdown:
-            print_training(sorted(rows, key=lambda r: (r["config"], r["members"], r["path"] != "before")), a.proxy)
+            print_training(sorted(rows, key=lambda r: (r["config"], r.get("probes", "none"), r["members"],
+                                                       r["path"] != "before")), a.proxy)
         return 0
     rows = []
     for config in a.config:
