@@ -32,6 +32,12 @@ MAX_ENUMERATED = 2**17  # lengths with more inputs are split by hash threshold i
 LONGER = "val_longer"  # key prefix of the lengths beyond train_max_seq_len
 
 
+#: (program, vocab, max_seq_len) -> input -> the program's output ids: one memo for every task of
+#: a program in the process (a population's members differ only in their data seed), since
+#: tracr's evaluator is the costly part of building a task's validation sets and batches
+_OUTPUTS: dict[tuple, dict[tuple, list[int]]] = {}
+
+
 def split_score(seed: int, xs: tuple) -> float:
     """A number in [0, 1) that depends only on the data seed and the input: the held-out
     part of a length is its inputs with the smallest scores (stable across processes and
@@ -108,7 +114,7 @@ class RaspTask(Task):
         self.train_max_seq_len, self.val_fraction = train_max, float(val_fraction)
         self.batch_size, self.n_val_per_length, self.seed = batch_size, n_val_per_length, seed
         self._load_program(spec, vocab)
-        self._memo: dict[tuple, list[int]] = {}
+        self._memo = _OUTPUTS.setdefault((program, tuple(self.vocab), max_len), {})
         self._train_pool: dict[int, list[tuple] | None] = {}  # length -> its training inputs (None: by threshold)
         self._encoded_pool: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # `_pool_batch`
         self._threshold: dict[int, float] = {}  # length -> held out when split_score < this
@@ -237,7 +243,8 @@ class RaspTask(Task):
         return self._causal
 
     def output_ids(self, xs: tuple) -> list[int]:
-        """Output class ids of the program on input values `xs` (memoised)."""
+        """Output class ids of the program on input values `xs` (memoised for every task of
+        the program, vocabulary and maximum length: `_OUTPUTS`)."""
         if xs not in self._memo:
             self._memo[xs] = [self.output_encoding[v] for v in self.program.evaluate(xs)]
         return self._memo[xs]

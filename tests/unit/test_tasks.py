@@ -165,6 +165,17 @@ def test_rasp_a_training_batch_is_the_encoding_of_the_inputs_it_draws():
         assert torch.equal(batch.extras["length"], drawn.extras["length"])
 
 
+def test_rasp_tasks_of_one_program_share_its_outputs_whatever_their_data_seed():
+    """The program's outputs (tracr's evaluator, the costly part) are worked out once per input
+    for every task of one program, vocabulary and length: a population's members share them."""
+    task, other_seed = (make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5, seed=s) for s in (0, 1))
+    assert task._memo is other_seed._memo and len(task._memo) >= len(_inputs(task, task.val_batches()))
+    longer = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=4)
+    assert longer._memo is not task._memo
+    assert make_task("rasp", program="reverse", vocab=[1, 2], max_seq_len=5, val_fraction=0.3)._memo is not task._memo
+    assert other_seed.output_ids((3, 1, 2)) == [task.output_encoding[v] for v in (2, 1, 3)]
+
+
 def test_rasp_reverse_values_and_intermediates():
     task = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5)
     assert task.program.evaluate((1, 2, 3, 3)) == [3, 3, 2, 1]
