@@ -59,10 +59,15 @@ def stacked_last_logits(template: torch.nn.Module, params: dict[str, Tensor], to
 def grokking_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: list, task,
                      key_freqs: list[int] | None = None) -> list[dict[str, Any]]:
     """The grokking probe (`probes.grokking.grokking_probe`) of every member: the logits of
-    all p^2 inputs for the members at once, the rest of `progress_measures` member by member."""
-    p, freqs = task.p, check_key_freqs(key_freqs, task.p)
-    logits = stacked_last_logits(template, params, grid_inputs(task), p).reshape(-1, p, p, p)
-    return [progress_measures(model, task, freqs, logits=own) for model, own in zip(models, logits)]
+    all p^2 inputs for `MEMBERS_PER_PASS` members at once (p^3 float64 each, so a group at a
+    time), the rest of `progress_measures` member by member."""
+    p, freqs, tokens, out = task.p, check_key_freqs(key_freqs, task.p), grid_inputs(task), []
+    for start in range(0, len(models), MEMBERS_PER_PASS):
+        group = {name: w[start:start + MEMBERS_PER_PASS] for name, w in params.items()}
+        logits = stacked_last_logits(template, group, tokens, p).reshape(-1, p, p, p)
+        out += [progress_measures(model, task, freqs, logits=own)
+                for model, own in zip(models[start:start + MEMBERS_PER_PASS], logits)]
+    return out
 
 
 def composition_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: list, task,
