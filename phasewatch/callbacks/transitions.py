@@ -158,6 +158,7 @@ class TransitionWatcher(pl.Callback):
         self._fits_under_way: dict[str, list[dict]] = {}  # series -> the detector's changes not yet confirmed (last look)
         self.stages: list[Stage] = []  # the run's stages so far (`stage_news`)
         self._said: dict[int, str] = {}  # stage id -> what was said of it: "begins" or "confirmed"
+        self._begun: dict[int, Stage] = {}  # stage id -> the stage as last seen while said to begin
 
     # --- when ---------------------------------------------------------------------
 
@@ -225,7 +226,11 @@ class TransitionWatcher(pl.Callback):
                                        if not self._confirmed(e, series.get(e["metric"], ((), ()))[0])]
         watched = {k: s for k, s in series.items() if not is_detail(k)}
         done = [s for s in self.stages if self._said.get(s.id) == "confirmed"]  # said confirmed: kept as said
-        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=self.stages, keep=done)
+        # ids carry from the last look's stages and from those said to begin, even if a look lost them
+        self._begun.update({s.id: s for s in self.stages if self._said.get(s.id) == "begins"})
+        here = {s.id for s in self.stages}
+        previous = self.stages + [s for k, s in self._begun.items() if k not in here and self._said.get(k) == "begins"]
+        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=done)
         news = []
         for stage in self.stages:
             done = not any(m.get("under_way") for m in stage.members)
@@ -368,7 +373,8 @@ class TransitionWatcher(pl.Callback):
         return {"reported": self.reported, "pending": self.pending, "validations": self._validations,
                 "candidates": self._candidates, "looked": self._looked, "departed": self._departed,
                 "under_way": self._fits_under_way, "stages": [s.to_dict() for s in self.stages],
-                "said": {str(k): v for k, v in self._said.items()}}
+                "said": {str(k): v for k, v in self._said.items()},
+                "begun": {str(k): s.to_dict() for k, s in self._begun.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reported = list(state_dict.get("reported", []))
@@ -380,6 +386,7 @@ class TransitionWatcher(pl.Callback):
         self._fits_under_way = dict(state_dict.get("under_way", {}))
         self.stages = [Stage.from_dict(s) for s in state_dict.get("stages", [])]
         self._said = {int(k): v for k, v in state_dict.get("said", {}).items()}
+        self._begun = {int(k): Stage.from_dict(s) for k, s in state_dict.get("begun", {}).items()}
 
 
 def _levels(event: dict, series: dict) -> tuple[float, float]:

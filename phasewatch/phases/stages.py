@@ -387,14 +387,16 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     `series`: metric -> (steps, values) (for sizes, signatures' `run_has` and types);
     `previous`: the stages of an earlier call, whose ids carry over; `keep`: stages kept with
     their ids, names and members (live: those already confirmed), their members' events left
-    out of the grouping; a transition at one time with a kept stage (`_one_time`) joins it."""
+    out of the grouping; a transition of one of a kept stage's series, at one time with it
+    (`_one_time`), joins it."""
     rules = rules or StageRules()
     kept = {_key(m) for stage in keep for m in stage.members}
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
     keep = [dataclasses.replace(stage, members=list(stage.members)) for stage in keep]
     rest = [e for e in usable if _key(e) not in kept]
-    for e in [e for e in rest if e.get("kind", "transition") == "transition"]:  # joins a kept stage at its time
-        home = [k for k in keep if _one_time(k.members + [e], series, level)]
+    for e in [e for e in rest if e.get("kind", "transition") == "transition"]:  # more of a kept stage's change
+        home = [k for k in keep if any(m["metric"] == e["metric"] for m in k.members)
+                and _one_time(k.members + [e], series, level)]
         if home:
             stage = min(home, key=lambda k: abs(_times(e)[1] - math.log10(max(k.midpoint, 1))))
             stage.members.append({**e, "series": e["metric"], "size": _size(e, series)})

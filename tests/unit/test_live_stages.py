@@ -59,3 +59,15 @@ def test_begins_claims_the_lead_and_a_name_only_once_met_and_a_confirmed_stage_s
     assert [(s.id, s.name, sorted(m["series"] for m in s.members)) for s in w.stages] == [
         (1, "memorisation", ["train/acc", "train/loss", "train/loss"]), (2, "cleanup", ["grok/weight_norm", "val/acc"]),
         (3, None, ["train/loss"])]
+
+
+def test_a_stage_said_to_begin_keeps_its_id_when_a_look_loses_it():
+    """A stage said to begin whose changes under way one look does not see (the fits come and go)
+    is confirmed under the id it was said with, not as a new stage with the first one withdrawn."""
+    w = TransitionWatcher()
+    under_way = [change("val/acc", 50, 70, 90, "up", under_way=True), change("grok/weight_norm", 50, 72, 95, under_way=True)]
+    assert [n[:3] for n in look(w, 100, [], under_way)] == [("begins", 1, "cleanup")]
+    later = change("val/loss", 300, 400, 500, "up", under_way=True)
+    assert [n[:3] for n in look(w, 120, [], [later])] == [("begins", 2, None)]  # stage 1's fits not seen
+    done = [change("val/acc", 52, 70, 92, "up"), change("grok/weight_norm", 50, 73, 96)]
+    assert [n[:3] for n in look(w, 200, done, [later])] == [("confirmed", 1, "cleanup")]
