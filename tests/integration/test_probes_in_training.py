@@ -148,9 +148,16 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
     for e in events:
         if e["metric"] in headline_keys() and (e["metric"], e["direction"]) not in [(m, d) for m, d, _ in first]:
             first.append((e["metric"], e["direction"], e["midpoint"]))
-    sent = wandb_records.alerts(offline)
+    alerts = wandb_records.alerts(offline)
+    sent = [a for a in alerts if a["title"].startswith("phase transition in ")]
     assert first and [a["title"] for a in sent] == [f"phase transition in {m}" for m, _, _ in first[:5]]
     assert all(f"midpoint {mid}" in a["text"] for a, (_, _, mid) in zip(sent, first))
+    # and one per confirmed stage (the stages table's rows said confirmed), the rest of the alerts
+    has_stages = "stages/table" in wandb_records.summary(offline)
+    stages = wandb_records.summary_table(offline, "stages/table")["data"] if has_stages else []
+    confirmed = [row for row in stages if row[1] == "confirmed"]
+    assert sorted(a["title"] for a in alerts if a not in sent) == sorted(
+        f"stage {row[0]} {row[2] or '(unnamed)'}" for row in confirmed)
     info = wandb_records.run_info(offline)
     assert info["id"] == (run / "wandb_id").read_text().strip() and info["name"] == "run"
     assert info["config"]["model"]["weight_decay"] == 0.1
