@@ -110,3 +110,24 @@ def test_the_watcher_prints_headline_transitions_that_are_not_trivial():
     line = _line(None, confirmed("val/loss", LOG), series)
     assert line.startswith("phasewatch: step 500: transition in val/loss (down) from step 250 to 360, midpoint 300: ")
     assert "(log scale)" in line
+
+
+def test_a_log_fit_whose_levels_lie_far_outside_the_data_does_not_overflow():
+    """quickstart_tiny seed 11's excluded loss up to step 750 (values to 6 digits), as the watcher saw
+    it when the population crashed: a fit under way has two steps of about +-1,000 decades that
+    cancel, whose levels (10**996) overflowed a float; the events still come, with finite sizes."""
+    steps = [0, 25, 50, 75, 100, 125, 150, 175, 200, 207, 214, 222, 225, 229, 237, 246, 250, 254, 263, 272,
+             275, 282, 291, 300, 301, 312, 323, 325, 334, 346, 350, 358, 370, 375, 383, 396, 400, 410, 424,
+             425, 439, 450, 454, 470, 475, 486, 500, 503, 521, 525, 539, 550, 558, 575, 577, 597, 600, 618,
+             625, 639, 650, 662, 675, 685, 700, 708, 725, 733]
+    values = [3.44099, 2.6542, 3.47039, 2.51142, 3.30326, 3.74053, 4.15898, 4.38419, 4.38994, 4.37147,
+              4.34716, 4.32266, 4.3179, 4.31245, 4.26872, 4.22089, 4.20331, 4.1852, 4.13805, 4.09564,
+              4.08347, 4.05943, 4.02923, 4.00835, 4.00474, 3.97768, 3.95554, 3.95186, 3.93573, 3.91256,
+              3.90377, 3.89348, 3.87702, 3.86778, 3.85724, 3.83832, 3.83192, 3.81859, 3.80847, 3.80675,
+              3.79604, 3.79086, 3.78825, 3.77839, 3.77526, 3.77162, 3.76863, 3.76897, 3.77677, 3.77877,
+              3.78646, 3.78938, 3.79383, 3.79908, 3.80094, 3.81196, 3.81131, 3.82555, 3.8291, 3.83677,
+              3.84226, 3.8472, 3.85189, 3.85608, 3.86181, 3.86701, 3.86685, 3.86744]
+    for in_progress in (True, False):
+        events = detect_transitions(steps, values, "grok/excluded_loss", in_progress=in_progress, trends=True,
+                                    scale=LOG)
+        assert all(np.isfinite(e["magnitude"]) for e in events)
