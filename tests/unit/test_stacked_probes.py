@@ -89,3 +89,28 @@ def test_a_population_measures_a_stacked_probe_once_per_step_for_the_members_tha
     assert probes.values(0, "grokking", {"key_freqs": [1]}, 5)["key_freqs"] == [1] and calls == [2, 1, 2]
     assert probes.values(0, "grokking", {}, 6) == {"member": id(models[0])} and calls == [2, 1, 2, 2]
     assert probes.values(0, "heads", {}, 6) is None  # (no stacked form)
+
+
+def test_measure_switches_to_eval_only_for_a_probe_that_runs_on_the_model():
+    """A probe given over stacked weights leaves the model's mode alone (switching a bridge
+    costs ~6 ms); one that runs on the model sees it in eval mode; the mode is put back."""
+    from phasewatch.callbacks.probes import measure
+
+    class Probe:
+        initial = False
+
+        def __init__(self, name):
+            self.name, self.modes = name, []
+
+        def __call__(self, model, task, **options):
+            self.modes.append(model.training)
+            return {f"{self.name}/x": 1.0}
+
+    model, switches = torch.nn.Linear(2, 2), []
+    model.train = lambda mode=True: switches.append(mode) or torch.nn.Module.train(model, mode)
+    given, own = Probe("given"), Probe("own")
+    out = measure(model, None, [given], {}, given=lambda name, options: {"given/x": 2.0})
+    assert out == {"given": {"given/x": 2.0}} and switches == [] and model.training and given.modes == []
+    out = measure(model, None, [given, own], {}, given=lambda name, options: {"given/x": 2.0} if name == "given" else None)
+    assert out == {"given": {"given/x": 2.0}, "own": {"own/x": 1.0}} and own.modes == [False]
+    assert model.training and switches == [False, True]
