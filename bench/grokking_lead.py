@@ -3,13 +3,12 @@
 For each run folder (a population's folder stands for its members), as the report measures it
 (report/html.py `build_report`): the run's confirmed transitions (the live watcher's, from
 events.jsonl; the offline detector's on the watcher's scales when there are none), `lead_lag`
-against `val/loss` (phases/detector.py: the restricted loss's first transition in the same phase
-as a test-loss transition), one row per series (`one_row_per_series`). Printed per run: the
-test loss's confirmed falls, the report's restricted-loss row (its transition, midpoint and onset
-leads), the restricted loss's falls confirmed live after memorisation (train accuracy first
->= 0.99), each with the step the watcher confirmed it at (`detected_at`; "end" when only the
-last look did), and threshold steps (restricted < 0.1, test < 1); then the leads' distribution
-over runs (min, quartiles, max). Reads the folders only.
+against `val/loss` (phases/detector.py), one row per series (`one_row_per_series`): the
+restricted loss's row, and the same with its rises left out (the lead of its fall). Printed per
+run: the test loss's confirmed falls (bold: the one that takes it below 1, its grokking drop), the
+two rows, the restricted loss's falls after memorisation (train accuracy first >= 0.99) with the
+step the watcher confirmed each (`detected_at`; "end": only at the last look), and the first
+steps with restricted < 0.1 and test < 1; then each lead's distribution over runs. Reads only.
 
     python bench/grokking_lead.py RUN_DIR...
 """
@@ -55,19 +54,31 @@ def measure(folder: RunFolder) -> dict:
     events = report_events(folder, series)
     config = flatten_config(folder.read_config(), fold_init_args=True)
     last = int(max(series[REFERENCE][0]))
-    row = next((r for r in one_row_per_series(lead_lag(events, REFERENCE)) if r["metric"] == RESTRICTED), None)
-    paired = next((e for e in events if row and e["metric"] == RESTRICTED and e["midpoint"] == row["midpoint"]
-                   and e["direction"] == row["direction"]), None)
+    rises = [e for e in events if e["metric"] == RESTRICTED and e["direction"] == "up"]
     memorised = first_step(series, TRAIN_ACC, lambda v: v >= MEMORISED)
     falls = [e for e in events if e["metric"] == RESTRICTED and e["direction"] == "down"]
+    test_falls = [e for e in events if e["metric"] == REFERENCE and e["direction"] == "down"]
+    below = {k: first_step(series, k, lambda v, bar=bar: v < bar) for k, bar in THRESHOLDS.items()}
     return {
         "run": str(folder.root), "seed": config.get("seed_everything"), "data_seed": config.get("data.task.seed"),
-        "last": last, "memorised": memorised,
-        "test_falls": [e for e in events if e["metric"] == REFERENCE and e["direction"] == "down"],
-        "row": row, "paired": paired,
+        "last": last, "memorised": memorised, "test_falls": test_falls, "below": below,
+        # the test loss's fall that takes it below 1 (its grokking drop), if one does
+        "grokking": next((e for e in test_falls if below[REFERENCE] is not None
+                          and e["onset"] <= below[REFERENCE] <= e["end"]), None),
+        "row": _row(events),
+        # the same measure with the restricted loss's rises left out: the lead of its fall
+        "fall_row": _row([e for e in events if not any(e is r for r in rises)]),
         "circuit_falls": [e for e in falls if memorised is not None and e["midpoint"] > memorised],
-        "below": {k: first_step(series, k, lambda v, bar=bar: v < bar) for k, bar in THRESHOLDS.items()},
     }
+
+
+def _row(events: list[dict]) -> dict | None:
+    """The report's lead/lag row of the restricted loss (None when it has none), with its transition."""
+    row = next((r for r in one_row_per_series(lead_lag(events, REFERENCE)) if r["metric"] == RESTRICTED), None)
+    if row is None:
+        return None
+    return {**row, "event": next(e for e in events if e["metric"] == RESTRICTED and e["midpoint"] == row["midpoint"]
+                                 and e["direction"] == row["direction"])}
 
 
 def span(e: dict, last: int | None = None) -> str:
@@ -84,34 +95,46 @@ def quartiles(values: list[float]) -> str:
     return " / ".join(f"{x:.0f}" for x in q)
 
 
+def _against(row: dict | None) -> str:
+    if row is None:
+        return "none"
+    return f"{row['direction']} {span(row['event'])} vs mid {row['reference_midpoint']}"
+
+
+def _leads(row: dict | None) -> str:
+    return f"{row['lead']} / {row['onset_lead']}" if row else ""
+
+
 def tables(runs: list[dict]) -> str:
     """The per-run table and the distribution, as markdown."""
-    out = ["| seed (data) | test loss falls | report's row: restricted loss, against test-loss transition "
-           "| lead, midpoints | lead, onsets | restricted loss's falls after memorisation (step), "
-           "confirmed @step | restricted < 0.1 / test < 1 |", "| --- " * 7 + "|"]
+    out = ["| seed (data) | test loss falls | report's row: restricted loss vs test-loss fall | lead mid / onset "
+           "| the same, its falls only | lead mid / onset | restricted falls after memorisation (step), "
+           "@confirmed | restricted < 0.1 / test < 1 |", "| --- " * 8 + "|"]
     for r in runs:
-        row, paired = r["row"], r["paired"]
-        against = (f"{span(paired) if paired else row['midpoint']} vs {REFERENCE} {row['reference_direction']} "
-                   f"mid {row['reference_midpoint']}" if row else "none")
         out.append(" | ".join([
-            f"| {r['seed']} ({r['data_seed']})", ", ".join(span(e) for e in r["test_falls"]) or "none", against,
-            str(row["lead"]) if row else "", str(row["onset_lead"]) if row else "",
+            f"| {r['seed']} ({r['data_seed']})",
+            ", ".join(("**" + span(e) + "**") if e is r["grokking"] else span(e) for e in r["test_falls"]) or "none",
+            _against(r["row"]), _leads(r["row"]), _against(r["fall_row"]), _leads(r["fall_row"]),
             f"({r['memorised']}) " + (", ".join(span(e, r["last"]) for e in r["circuit_falls"]) or "none"),
             f"{r['below'][RESTRICTED]} / {r['below'][REFERENCE]}"]) + " |")
-    rows = [r["row"] for r in runs if r["row"]]
-    ahead = [r for r in runs if r["circuit_falls"] and r["test_falls"]
-             and r["circuit_falls"][0]["onset"] < max(r["test_falls"], key=lambda e: e["magnitude"])["onset"]]
     live = [r for r in runs if any(e.get("detected_at", r["last"]) < r["last"] for e in r["circuit_falls"])]
-    gaps = [r["below"][REFERENCE] - r["below"][RESTRICTED] for r in runs
-            if None not in r["below"].values()]
+    grokked = [r for r in runs if r["grokking"]]
+    ahead = [r for r in grokked if r["circuit_falls"]
+             and min(e["onset"] for e in r["circuit_falls"]) < r["grokking"]["onset"]]
     out += ["", "| over runs | n | min / q1 / median / q3 / max | > 0 |", "| --- | --- | --- | --- |"]
-    for name, values in (("lead, midpoints (report)", [x["lead"] for x in rows]),
-                         ("lead, onsets (report)", [x["onset_lead"] for x in rows]),
-                         ("test < 1 minus restricted < 0.1 (steps)", gaps)):
+    for name, values in (
+            ("report's row: lead, midpoints", [r["row"]["lead"] for r in runs if r["row"]]),
+            ("report's row: lead, onsets", [r["row"]["onset_lead"] for r in runs if r["row"]]),
+            ("falls only: lead, midpoints", [r["fall_row"]["lead"] for r in runs if r["fall_row"]]),
+            ("falls only: lead, onsets", [r["fall_row"]["onset_lead"] for r in runs if r["fall_row"]]),
+            ("grokking drop's onset minus the first fall's after memorisation",
+             [r["grokking"]["onset"] - min(e["onset"] for e in r["circuit_falls"]) for r in grokked if r["circuit_falls"]]),
+            ("test < 1 minus restricted < 0.1 (steps)",
+             [r["below"][REFERENCE] - r["below"][RESTRICTED] for r in runs if None not in r["below"].values()])):
         out.append(f"| {name} | {len(values)} of {len(runs)} | {quartiles(values)} | {sum(v > 0 for v in values)} |")
     out += ["", f"runs with a restricted-loss fall after memorisation confirmed live (before the last step): "
-            f"{len(live)} of {len(runs)}; its first onset before the onset of the test loss's largest fall: "
-            f"{len(ahead)} of {len(runs)}"]
+            f"{len(live)} of {len(runs)}; with a grokking drop (bold: the test loss's fall that takes it below 1): "
+            f"{len(grokked)}, in {len(ahead)} of which a restricted-loss fall after memorisation began before it"]
     return "\n".join(out)
 
 
