@@ -5,11 +5,13 @@ events.jsonl or `detect_all`'s output, or objects with `to_dict`; trends, spikes
 withdrawn events are left out) and each series' (steps, values). Transitions whose midpoints
 are one time up to their own widths in log-step time (a chi-squared test at `LEVEL`) form a
 group; a group is a stage when it holds series of two families or a headline series
-(`StageRules`), and the lone changes of other groups are taken out. A stage matching one
-declared `Signature` is named (None otherwise, never forced); where an LLC series exists it
-has a type ("A": loss falls, LLC rises; "B": loss flat, LLC falls; Hoogland et al. 2024).
-`previous` carries stage ids between calls. A run folder's stages: `run_stages`, written by
-`record_stages`/`write_stages` and read by `read_stages`. Method and measurements: docs/stages.md.
+(`StageRules`), and the lone changes of other groups are taken out. Stages are named over
+the whole sequence by the declared `Signature`s they match (`assign_names`: each name once, a
+sequence's in order; None otherwise, never forced); where an LLC series exists a stage has a
+type ("A": loss falls, LLC rises; "B": loss flat, LLC falls; Hoogland et al. 2024).
+`previous` carries stage ids between calls, `keep` holds stages already said. A run folder's
+stages: `run_stages`, written by `record_stages`/`write_stages`, read by `read_stages`.
+Method and measurements: docs/stages.md.
 """
 
 from __future__ import annotations
