@@ -9,8 +9,8 @@ begin and under which name, when it was confirmed and under which name, whether 
 confirmed stage has the lead and the name the "begins" line said (a name said "so far"), and, against the finished
 run's stages (`run_stages`, the offline answer; matched by most shared series), whether it
 began before that stage's midpoint and was confirmed by 1.2 x its end. Per run: stages said,
-withdrawn, the console lines by default (stage lines and per-series lines `_worth_saying`) per
-confirmed stage, stages named at "begins" and how many of them were confirmed under another
+withdrawn, the console lines by default (the stage lines: per-series lines only with
+`--transitions.verbose`) per confirmed stage, stages named at "begins" and how many of them were confirmed under another
 name, leads that changed, and names confirmed for two stages. Prints markdown; `--lines` also prints the lines.
 """
 
@@ -48,12 +48,10 @@ def replay(run: Path) -> dict:
     for look in looks:
         final = look == looks[-1]
         cut = {k: (s[s <= look], v[s <= look]) for k, (s, v) in series.items() if (s <= look).any()}
-        for event in watcher.update(cut, int(look), final=final):
-            if watcher._worth_saying(event, cut):
-                lines.append((int(look), "series", event["metric"]))
+        watcher.update(cut, int(look), final=final)
         for what, stage in watcher.stage_news(cut, int(look), final):
             news.append((int(look), what, stage))
-            lines.append((int(look), "stage", _stage_line(_Quiet(), int(look), what, stage)))
+            lines.append((int(look), "stage", _stage_line(_Quiet(), int(look), what, stage, cut)))
     return {"news": news, "lines": lines, "stages": watcher.stages, "offline": run_stages(folder, stage_rules())}
 
 

@@ -5,12 +5,12 @@ series logged so far (all but the probes' detail keys), each on its scale (`phas
 reports each change in stages (`phases.events.Event` with `stage` and `detected_at`): `onset`
 (under way), `confirmed` (settled: the run at `settle` x its end, `points_after` values after
 it, found in two looks) or `withdrawn` (an onset no transition took up). Every event goes to the
-loggers that record events (the run folder's events, W&B); the console gets the confirmed
-transitions of headline keys that are not trivially small (all events with `verbose`), clear of
-the progress bar (`callbacks.console.say`). While an onset is pending, checkpoints and probes
-also run on a denser log-spaced grid (`dense_now`, `dense_metrics`, `dense_probes`: adaptive
-resolution). State is kept in checkpoints, so a resumed run reports nothing twice. The rules
-(same change, refits, withdrawal, what is dense): docs/phases.md, "Watching live".
+loggers that record events (the run folder's events, W&B). The console gets the run's stages
+(`phases.stages`: begins, confirmed with the levels of its headline series, withdrawn; every
+per-series event only with `verbose`), clear of the progress bar (`callbacks.console.say`).
+While an onset is pending, checkpoints and probes also run on a denser log-spaced grid
+(`dense_now`, `dense_metrics`, `dense_probes`: adaptive resolution). State is kept in
+checkpoints, so a resumed run reports nothing twice. The rules: docs/phases.md, "Watching live".
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ SURE = 10.0
 SURE_ENOUGH = 0.95
 
 
-#: by default a confirmed transition of a headline key is printed when it moved the series by at
-#: least this fraction of the series' largest absolute value (linear scale) ...
+#: a confirmed stage's line gives the levels of a headline series that moved in it by at least
+#: this fraction of the series' largest absolute value (linear scale) ...
 SHOWN_FRACTION = 0.05
 #: ... or by this factor (log scale: a halving or a doubling)
 SHOWN_FACTOR = 10**DECADE_CHANGE
@@ -132,8 +132,8 @@ class TransitionWatcher(pl.Callback):
     departure_z: ... by this many standard errors (`phases.detector.DEPARTURE_Z`): a higher bar
         says fewer onsets that come to nothing and says the others later (bench/README.md,
         `live_latency.py --frontier`).
-    verbose: print every event (onsets, withdrawals, every watched series); by default only the
-        confirmed transitions of headline keys that are not trivially small (`_worth_saying`).
+    verbose: also print every per-series event (onsets, withdrawals, confirmed transitions of
+        every watched series); by default the console gets the stages only (`_stage_line`).
         Every event goes to the loggers either way.
     """
 
@@ -199,12 +199,12 @@ class TransitionWatcher(pl.Callback):
         series = logged_series(trainer)
         new = self.update(series, step, final)
         for event in new:
-            if self.verbose or self._worth_saying(event, series):
+            if self.verbose:
                 say(trainer, _line(trainer, event, series))
             log_event(trainer, event)
         news = self.stage_news(series, step, final)
         for what, stage in news:
-            say(trainer, _stage_line(trainer, step, what, stage))
+            say(trainer, _stage_line(trainer, step, what, stage, series))
             for logger in trainer.loggers:  # W&B: the stages table and an alert per confirmed stage
                 if hasattr(logger, "log_stage"):
                     logger.log_stage(what, stage)
@@ -248,17 +248,6 @@ class TransitionWatcher(pl.Callback):
                     news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
                     self._said[stage_id] = "withdrawn"
         return news
-
-    def _worth_saying(self, event: dict, series: dict) -> bool:
-        """Printed without `verbose`: a confirmed transition of a headline key that moved the
-        series by at least `SHOWN_FRACTION` of its largest absolute value (on a linear scale) or by
-        a factor of `SHOWN_FACTOR` (on a log scale), between its onset and end."""
-        if event["stage"] != "confirmed" or event["metric"] not in headline_keys():
-            return False
-        before, after = _levels(event, series)
-        if event.get("scale") == LOG:
-            return max(before, after) >= SHOWN_FACTOR * min(before, after)
-        return abs(after - before) >= SHOWN_FRACTION * float(np.nanmax(np.abs(series[event["metric"]][1])))
 
     def update(self, series: dict, step: int, final: bool = False) -> list[dict]:
         """The new events at `step` given the series so far ({key: (steps, values)}), recorded
@@ -414,18 +403,48 @@ def _line(trainer: pl.Trainer, event: dict, series: dict) -> str:
             f"midpoint {event['midpoint']}: {before:.3g} -> {after:.3g}{' (log scale)' if event.get('scale') == LOG else ''}")
 
 
-def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage) -> str:
+def worth_saying(event: dict, series: dict) -> bool:
+    """Whether a confirmed change of a headline key moved its series by at least
+    `SHOWN_FRACTION` of its largest absolute value (on a linear scale) or by a factor of
+    `SHOWN_FACTOR` (on a log scale) between its onset and end: its levels go in the stage's line."""
+    if event.get("stage", "confirmed") != "confirmed" or event["metric"] not in headline_keys():
+        return False
+    before, after = _levels(event, series)
+    if event.get("scale") == LOG:
+        return max(before, after) >= SHOWN_FACTOR * min(before, after)
+    return abs(after - before) >= SHOWN_FRACTION * float(np.nanmax(np.abs(series[event["metric"]][1])))
+
+
+def stage_levels(stage: Stage, series: dict) -> list[str]:
+    """The levels of the stage's headline series that moved in it by more than a trifle
+    (`worth_saying`): each series' values at its first member's onset and its last member's end
+    in the stage ("grok/restricted_loss 0.496 -> 0.0009 (log scale)")."""
+    out = []
+    for key in dict.fromkeys(m["series"] for m in stage.members):
+        if key not in series:
+            continue
+        members = [m for m in stage.members if m["series"] == key]
+        span = {"metric": key, "onset": min(m["onset"] for m in members), "end": max(m["end"] for m in members),
+                "scale": members[0].get("scale")}
+        if worth_saying(span, series):
+            before, after = _levels(span, series)
+            out.append(f"{key} {before:.3g} -> {after:.3g}{' (log scale)' if span['scale'] == LOG else ''}")
+    return out
+
+
+def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage, series: dict | None = None) -> str:
     """The console line of a stage's news (`TransitionWatcher.stage_news`). "begins" claims the
     lead (the series that moved first so far) and a name only where the members so far already
     match its signature ("so far": more members may come); not the other members, which the
-    confirmation lists."""
+    confirmation lists, with the levels of its headline series (`stage_levels`, given `series`)."""
     at = f"{trainer.member} step {step}" if getattr(trainer, "member", None) else f"step {step}"
     if what == "begins":
         name = f" ({stage.name} so far)" if stage.name else ""
         return f"phasewatch: {at}: stage {stage.id}{name} begins at step {stage.onset}, led by {stage.lead}"
     if what == "withdrawn":
         return f"phasewatch: {at}: stage {stage.id} was said to begin but training ended before it was confirmed"
-    return f"phasewatch: {at}: confirmed {stage.summary()}"
+    levels = stage_levels(stage, series) if series is not None else []
+    return f"phasewatch: {at}: confirmed {stage.summary()}" + (f"; {', '.join(levels)}" if levels else "")
 
 
 def dense_now(trainer: pl.Trainer) -> bool:

@@ -90,26 +90,39 @@ def test_lead_lag_compares_the_transitions_of_one_phase():
     assert [(r["metric"], r["midpoint"]) for r in rows] == [("restricted", 1200)]
 
 
-def test_the_watcher_prints_headline_transitions_that_are_not_trivial():
-    from phasewatch.callbacks.transitions import TransitionWatcher, _line
+def test_a_confirmed_stage_line_gives_the_levels_of_its_headline_series_that_moved():
+    """By default the console gets stages; a confirmed stage's line gives the levels of its
+    headline series that moved by more than a trifle (4 decades of the test loss, over the span of
+    both its pieces in the stage), not of a trivial change (the accuracy's 0.01 of 0.51) nor of a
+    series that is not a headline key; a per-series line is what `verbose` adds."""
+    from phasewatch.callbacks.transitions import _line, _stage_line, worth_saying
+    from phasewatch.phases.stages import Stage
 
     steps = np.arange(10, 1001, 10.0)
     series = {"val/loss": (steps, 4 * 10 ** (-4 * _logistic(np.log10(steps), 300))),
               "val/acc": (steps, 0.5 + 0.01 * _logistic(np.log10(steps), 300)),
               "grok/gini_embed": (steps, 0.2 + 0.5 * _logistic(np.log10(steps), 300))}
-    watcher = TransitionWatcher()
 
-    def confirmed(metric, scale):
-        return {**_event(metric, 250, 300, 360), "stage": "confirmed", "scale": scale, "detected_at": 500,
-                "magnitude": 1.0}
+    def confirmed(metric, scale, onset=250, midpoint=300, end=360):
+        return {**_event(metric, onset, midpoint, end), "stage": "confirmed", "scale": scale, "detected_at": 500,
+                "magnitude": 1.0, "series": metric}
 
-    assert watcher._worth_saying(confirmed("val/loss", LOG), series)  # 4 decades
-    assert not watcher._worth_saying(confirmed("val/acc", LINEAR), series)  # 0.01 of 0.51: trivial
-    assert not watcher._worth_saying(confirmed("grok/gini_embed", LINEAR), series)  # not a headline key
-    assert not watcher._worth_saying({**confirmed("val/loss", LOG), "stage": "onset"}, series)
-    line = _line(None, confirmed("val/loss", LOG), series)
-    assert line.startswith("phasewatch: step 500: transition in val/loss (down) from step 250 to 360, midpoint 300: ")
-    assert "(log scale)" in line
+    assert worth_saying(confirmed("val/loss", LOG), series)  # 4 decades
+    assert not worth_saying(confirmed("val/acc", LINEAR), series)  # 0.01 of 0.51: trivial
+    assert not worth_saying(confirmed("grok/gini_embed", LINEAR), series)  # not a headline key
+    assert not worth_saying({**confirmed("val/loss", LOG), "stage": "onset"}, series)
+    members = [confirmed("val/loss", LOG, 200, 240, 280), confirmed("val/loss", LOG, 290, 330, 420),
+               confirmed("val/acc", LINEAR), confirmed("grok/gini_embed", LINEAR)]
+    stage = Stage(id=2, onset=200, midpoint=300, end=420, members=members, lead="val/loss", name="cleanup")
+    line = _stage_line(None, 500, "confirmed", stage, series)
+    loss = series["val/loss"][1]
+    before, after = np.interp([200, 420], steps, loss)
+    assert line.startswith("phasewatch: step 500: confirmed stage 2 cleanup: steps 200-420")
+    assert line.endswith(f"; val/loss {before:.3g} -> {after:.3g} (log scale)")  # the one headline series worth it
+    assert line.count(" -> ") == 1
+    per_series = _line(None, confirmed("val/loss", LOG), series)
+    assert per_series.startswith("phasewatch: step 500: transition in val/loss (down) from step 250 to 360, midpoint 300: ")
+    assert "(log scale)" in per_series
 
 
 def test_a_log_fit_whose_levels_lie_far_outside_the_data_does_not_overflow():
