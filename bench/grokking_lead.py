@@ -98,7 +98,7 @@ def quartiles(values: list[float]) -> str:
 def _against(row: dict | None) -> str:
     if row is None:
         return "none"
-    return f"{row['direction']} {span(row['event'])} vs mid {row['reference_midpoint']}"
+    return f"{row['direction']} {span(row['event'])} vs {row['reference_direction']} mid {row['reference_midpoint']}"
 
 
 def _leads(row: dict | None) -> str:
@@ -107,7 +107,7 @@ def _leads(row: dict | None) -> str:
 
 def tables(runs: list[dict]) -> str:
     """The per-run table and the distribution, as markdown."""
-    out = ["| seed (data) | test loss falls | report's row: restricted loss vs test-loss fall | lead mid / onset "
+    out = ["| seed (data) | test loss falls | report's row: restricted loss vs test loss | lead mid / onset "
            "| the same, its falls only | lead mid / onset | restricted falls after memorisation (step), "
            "@confirmed | restricted < 0.1 / test < 1 |", "| --- " * 8 + "|"]
     for r in runs:
