@@ -360,7 +360,8 @@ def detect_transitions(
     if (scatter := _bin_noise(tb, yb, w)) > 1.5 * noise:  # correlated noise: trust the bins' scatter
         noise = scatter
     model, chosen, coef, cov, noise = _fit_steps(tb, yb, w, noise, cfg)
-    judge = _Judge(t, tb, model, chosen, coef, cov, noise, residual_t, residual, cfg, use_log, metric)
+    judge = _Judge(t, tb, model, chosen, coef, cov, noise, residual_t, residual, cfg, use_log, metric,
+                   (float(y.min()), float(y.max())))
     out = [e for group in _groups(chosen, coef[2:], cfg.steepness) if (e := judge.event(group)) is not None]
     if trends:
         out += judge.trend()
@@ -441,6 +442,7 @@ class _Judge:
     cfg: DetectorConfig
     use_log: bool
     metric: str
+    bounds: tuple[float, float]  # the lowest and highest value fitted (log10 for log values)
 
     def __post_init__(self):
         fitted = self.model.curve(self.steps, self.coef)
@@ -520,8 +522,11 @@ class _Judge:
 
     def _event(self, kind: str, change: float, before: float, after: float, times: tuple[float, float, float],
                steepest: float, snr: float, confidence: float) -> dict:
-        # a log-scale fit's level can lie far outside the data (a change under way, extrapolated): no overflow
-        undo = (lambda v: 10 ** min(max(v, -300.0), 300.0)) if self.use_log else (lambda v: v)
+        # a fitted level can lie far outside the data (a change under way, extrapolated; a line offset by
+        # steps): the levels are held to the values fitted, so a size is one the data can have
+        low, high = self.bounds
+        before, after = min(max(before, low), high), min(max(after, low), high)
+        undo = (lambda v: 10**v) if self.use_log else (lambda v: v)
         onset, midpoint, end = (int(round(10**x)) for x in times)
         return Event(self.metric, "up" if change > 0 else "down", onset, midpoint=midpoint, end=end,
                      magnitude=float(abs(undo(after) - undo(before))), kind=kind,
