@@ -3,8 +3,9 @@
 For each run folder (a population's folder stands for its members), as the report measures it
 (report/html.py `build_report`): the run's confirmed transitions (the live watcher's, from
 events.jsonl; the offline detector's on the watcher's scales when there are none), `lead_lag`
-against `val/loss` (phases/detector.py), one row per series (`one_row_per_series`): the
-restricted loss's row, and the same with its rises left out (the lead of its fall). Printed per
+against the test loss's principal transition (phases/detector.py `principal`: its largest change
+on its own scale, in decades for a loss): the restricted loss's row, and the same with its rises
+left out (the lead of its fall). Printed per
 run: the test loss's confirmed falls (bold: the one that takes it below 1, its grokking drop), the
 two rows, the restricted loss's falls after memorisation (train accuracy first >= 0.99) with the
 step the watcher confirmed each (`detected_at`; "end": only at the last look), and the first
@@ -21,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from phasewatch.phases.detector import detect_all, lead_lag
+from phasewatch.phases.detector import detect_all, lead_lag, principal
 from phasewatch.probes.keys import declared_scale, is_detail
-from phasewatch.report.html import one_row_per_series
 from phasewatch.report.population import is_population
 from phasewatch.rundir import RunFolder, flatten_config, load_series, run_folders
 
@@ -65,16 +65,17 @@ def measure(folder: RunFolder) -> dict:
         # the test loss's fall that takes it below 1 (its grokking drop), if one does
         "grokking": next((e for e in test_falls if below[REFERENCE] is not None
                           and e["onset"] <= below[REFERENCE] <= e["end"]), None),
-        "row": _row(events),
+        "principal": principal(events, REFERENCE, *series[REFERENCE]),
+        "row": _row(events, series),
         # the same measure with the restricted loss's rises left out: the lead of its fall
-        "fall_row": _row([e for e in events if not any(e is r for r in rises)]),
+        "fall_row": _row([e for e in events if not any(e is r for r in rises)], series),
         "circuit_falls": [e for e in falls if memorised is not None and e["midpoint"] > memorised],
     }
 
 
-def _row(events: list[dict]) -> dict | None:
+def _row(events: list[dict], series: dict) -> dict | None:
     """The report's lead/lag row of the restricted loss (None when it has none), with its transition."""
-    row = next((r for r in one_row_per_series(lead_lag(events, REFERENCE)) if r["metric"] == RESTRICTED), None)
+    row = next((r for r in lead_lag(events, REFERENCE, series[REFERENCE]) if r["metric"] == RESTRICTED), None)
     if row is None:
         return None
     return {**row, "event": next(e for e in events if e["metric"] == RESTRICTED and e["midpoint"] == row["midpoint"]
@@ -132,9 +133,11 @@ def tables(runs: list[dict]) -> str:
             ("test < 1 minus restricted < 0.1 (steps)",
              [r["below"][REFERENCE] - r["below"][RESTRICTED] for r in runs if None not in r["below"].values()])):
         out.append(f"| {name} | {len(values)} of {len(runs)} | {quartiles(values)} | {sum(v > 0 for v in values)} |")
+    principal_drop = [r for r in grokked if r["principal"] is r["grokking"]]
     out += ["", f"runs with a restricted-loss fall after memorisation confirmed live (before the last step): "
             f"{len(live)} of {len(runs)}; with a grokking drop (bold: the test loss's fall that takes it below 1): "
-            f"{len(grokked)}, in {len(ahead)} of which a restricted-loss fall after memorisation began before it"]
+            f"{len(grokked)}, in {len(ahead)} of which a restricted-loss fall after memorisation began before it; "
+            f"in {len(principal_drop)} of which that drop is the test loss's principal transition (the one the report's rows are against)"]
     return "\n".join(out)
 
 

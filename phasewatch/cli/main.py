@@ -275,7 +275,7 @@ def phases_command(argv: list[str]) -> int:
     _print_stages(stages, events, len(data), args.path)
     if args.series:
         _print_transitions(found, events, len(data), args.path, args.trends)
-        _print_lead_lag(events, args.reference or ("val/loss" if "val/loss" in data else None))
+        _print_lead_lag(events, args.reference or ("val/loss" if "val/loss" in data else None), data)
     return 0
 
 
@@ -346,15 +346,19 @@ def _print_transitions(found: list[dict], events: list[dict], n_series: int, pat
               f"{'  ' + e['kind'] if trends else ''}")
 
 
-def _print_lead_lag(events: list[dict], reference: str | None) -> None:
-    """How far each series' transitions lead those of `reference` (none without one)."""
-    from phasewatch.phases.detector import lead_lag
+def _print_lead_lag(events: list[dict], reference: str | None, data: dict) -> None:
+    """How far each series' transitions lead those of `reference` (none without one), the
+    reference's principal transition marked (its rows are the report's)."""
+    from phasewatch.phases.detector import lead_lag, principal
 
+    main = principal(events, reference, *data[reference]) if reference in data else None
     current = None
     for r in (lead_lag(events, reference) if reference else []):
         if (r["reference_direction"], r["reference_midpoint"]) != current:
             current = (r["reference_direction"], r["reference_midpoint"])
-            print(f"\nlead/lag against {reference} going {current[0]} (midpoint {current[1]}); "
+            mark = ("; its principal transition (largest change on its own scale: the report's rows)"
+                    if main and (main["direction"], main["midpoint"]) == current else "")
+            print(f"\nlead/lag against {reference} going {current[0]} (midpoint {current[1]}){mark}; "
                   "positive = earlier:")
         print(f"  {r['metric']:32s} {r['direction']:4s} midpoint {r['midpoint']:7d}  leads by {r['lead']:6d} steps "
               f"(onset by {r['onset_lead']:6d})")

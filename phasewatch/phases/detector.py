@@ -635,16 +635,44 @@ def together(a: dict, b: dict) -> bool:
             and b["onset"] / TOGETHER <= a.get("end", a["onset"]) * TOGETHER)
 
 
-def lead_lag(events: list[dict], reference: str) -> list[dict]:
+def scale_change(event: dict, steps: Sequence[float], values: Sequence[float]) -> float:
+    """How far a series moved over one of its events, on the event's own scale: for an event
+    found on the log scale, the change in log10 between the logged values nearest its onset and
+    its end (decades); otherwise its `magnitude` in the series' units. 0 without values."""
+    if event.get("scale") != LOG:
+        return abs(float(event.get("magnitude") or 0.0))
+    s, v = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    keep = np.isfinite(v) & (v > 0)
+    s, v = s[keep], np.log10(v[keep])
+    if not len(v):
+        return 0.0
+    return abs(float(v[np.argmin(np.abs(s - event["end"]))] - v[np.argmin(np.abs(s - event["onset"]))]))
+
+
+def principal(events: list[dict], reference: str, steps: Sequence[float], values: Sequence[float]) -> dict | None:
+    """The reference's principal transition: of its transitions, the largest change on its own
+    scale (`scale_change` over its `steps` and `values`; the earliest of equals); None without one.
+    For a test loss that groks, its fall by decades, not its rise during memorisation."""
+    mine = [e for e in events if e["metric"] == reference and e.get("kind", "transition") == "transition"]
+    return max(mine, key=lambda e: (scale_change(e, steps, values), -e["midpoint"]), default=None)
+
+
+def lead_lag(events: list[dict], reference: str, series: tuple[Sequence[float], Sequence[float]] | None = None,
+             ) -> list[dict]:
     """For each transition of the `reference` metric, the transition of every other metric in the
     same phase of the run (`together` with it; of several, the first: earliest onset, as a stage's
-    lead is the series that moved first), with how many steps it led: positive `lead` = its midpoint came earlier, `onset_lead` likewise
-    for onsets. A metric with no transition in that phase has no row (a change in another phase
-    is not compared: docs/phases.md, "Lead/lag"). The grokking story reads: the restricted loss
+    lead is the series that moved first), with how many steps it led: positive `lead` = its
+    midpoint came earlier, `onset_lead` likewise for onsets. A metric with no transition in that
+    phase has no row (a change in another phase is not compared: docs/phases.md, "Lead/lag").
+    With `series` (the reference's steps and values), only the rows against its `principal`
+    transition: one row per metric, the report's. The grokking story reads: the restricted loss
     falls and the excluded loss rises before the test loss collapses."""
     events = [e for e in events if e.get("kind", "transition") == "transition"]
+    refs = [e for e in events if e["metric"] == reference]
+    if series is not None:
+        refs = [e for e in [principal(events, reference, *series)] if e is not None]
     out = []
-    for ref in (e for e in events if e["metric"] == reference):
+    for ref in refs:
         nearest: dict[str, dict] = {}
         for other in events:
             if other["metric"] == reference or not together(ref, other):

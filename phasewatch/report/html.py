@@ -4,7 +4,7 @@ It shows a header (the run's state: step N of M, running or finished, last updat
 key fields; links to the folder's files), the stage timeline (when the run has stages), every
 series on a log-step axis in panels by family (minibatch `train/` series smoothed, raw points
 faint), detected transitions as shaded bands with a legend, the transitions table by midpoint
-(small changes folded), the lead/lag summary against val/loss (one row per series), and array
+(small changes folded), lead/lag against val/loss's principal transition (a row per series), and array
 measurements as heatmaps with axis names, a colour bar and a slider over checkpoints. Data are
 embedded as JSON and drawn by the page's one script; every string from the run folder is shown
 as text, never markup, under a Content-Security-Policy that runs only that script
@@ -156,7 +156,7 @@ def build_report(run_dir: str | Path, live: bool = False,
         "events": events,
         "small": SMALL,
         "state": state,
-        "leadlag": one_row_per_series(lead_lag(events, reference)) if reference else [],
+        "leadlag": lead_lag(events, reference, series[reference]) if reference else [],
         "stages": _stages(folder),
         "arrays": _arrays(folder) | _catalogue(catalogue or head_catalogue(folder)),
         "interventions": folder.read_interventions(),
@@ -200,18 +200,6 @@ def _size(event: dict, series: dict) -> float | None:
         change = abs(float(event["magnitude"]))
     span = float(np.ptp(values)) if len(values) else 0.0
     return round(float(change) / span, 4) if span > 0 else None
-
-
-def one_row_per_series(rows: list[dict]) -> list[dict]:
-    """Lead/lag rows with each series once: of its rows (one per val/loss transition it came
-    with), the one nearest its reference transition in log-step."""
-    best: dict[str, dict] = {}
-    for row in rows:
-        gap = abs(np.log(max(row["midpoint"], 1) / max(row["reference_midpoint"], 1)))
-        if row["metric"] not in best or gap < best[row["metric"]][0]:
-            best[row["metric"]] = (gap, row)
-    kept = {id(r) for _, r in best.values()}
-    return [r for r in rows if id(r) in kept]
 
 
 def _config(folder: RunFolder) -> dict:
@@ -462,7 +450,7 @@ function drawEvents() {  // by midpoint; changes under D.small of their series' 
     table(details, headers, folded.map(row));
   }
   if (D.leadlag.length) {
-    el("h2", {textContent: "Lead/lag against val/loss (positive: earlier)"}, box);
+    el("h2", {textContent: "Lead/lag against val/loss's largest change (positive: earlier)"}, box);
     table(box, ["val/loss transition (midpoint)", "metric", "direction", "midpoint", "leads by (steps)"],
       D.leadlag.map(r => [`${r.reference_direction} (${r.reference_midpoint})`, label(r.metric), r.direction, r.midpoint, r.lead])).id = "leadlag";
   }

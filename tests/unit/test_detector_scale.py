@@ -4,7 +4,7 @@ within one phase, and what the live watcher prints by default."""
 import numpy as np
 import pytest
 
-from phasewatch.phases.detector import detect_all, detect_transitions, lead_lag
+from phasewatch.phases.detector import detect_all, detect_transitions, lead_lag, principal
 from phasewatch.phases.events import Event
 from phasewatch.phases.scale import LINEAR, LOG, watch_scale
 
@@ -88,6 +88,26 @@ def test_lead_lag_compares_the_transitions_of_one_phase():
     # two in the phase: the first (the series moved first there), not the one nearer by midpoint
     rows = lead_lag(events + [_event("restricted", 1900, 2150, 2400)], "val/loss")
     assert [(r["metric"], r["midpoint"]) for r in rows] == [("restricted", 1200)]
+
+
+def test_the_report_compares_each_series_with_the_reference_s_largest_change_on_its_own_scale():
+    """A test loss that rises during memorisation from 1 to 9 (the largest change in its units,
+    under 1 decade), then falls from 2 to 1e-4 (4.3 decades: its grokking drop): its principal
+    transition is the fall, and the report's rows are against it only, though the restricted
+    loss's memorisation drop lies nearer the rise (the row once kept) than its fall does the drop."""
+    steps = [10 * k for k in range(1, 301)]
+    values = [1.0 if s < 100 else 9.0 if s < 160 else 2.0 if s < 2000 else 1e-4 for s in steps]
+    rise = dict(_event("val/loss", 80, 100, 130, "up"), scale=LOG, magnitude=8.0)
+    drop = dict(_event("val/loss", 1500, 2200, 2900), scale=LOG, magnitude=2.0)
+    events = [rise, drop, _event("restricted", 90, 105, 120), _event("restricted", 700, 1200, 1800),
+              _event("train/loss", 70, 90, 110)]
+    assert principal(events, "val/loss", steps, values) is drop
+    assert {r["reference_midpoint"] for r in lead_lag(events, "val/loss")} == {100, 2200}  # every phase's rows
+    rows = lead_lag(events, "val/loss", (steps, values))
+    assert [(r["metric"], r["midpoint"], r["lead"], r["onset_lead"]) for r in rows] == [("restricted", 1200, 1000, 800)]
+    # on the linear scale the change is in the series' units: there the rise is the larger
+    linear = [dict(e, scale=LINEAR) for e in (rise, drop)]
+    assert principal(linear, "val/loss", steps, values)["midpoint"] == 100
 
 
 def test_a_confirmed_stage_line_gives_the_levels_of_its_headline_series_that_moved():
