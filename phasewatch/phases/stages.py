@@ -48,9 +48,11 @@ class Signature:
     Each entry of `moves` and `absent` is "PATTERN up|down", or several such joined by " | "
     (any of them; a pattern holds no spaces); PATTERN is a regular expression matched in full against a series' key. A
     stage matches when every entry of `moves` is among its members and no entry of `absent` is;
-    `run_has` (a regular expression) limits the signature to runs logging a matching key. A
-    signature names at most one stage of a run; signatures declaring the same `sequence` name
-    stages in their declared order (`assign_names`).
+    `run_has` (a regular expression) limits the signature to runs logging a matching key. Each
+    `outpaces` pair (PATTERN, KEY): a member whose key matches PATTERN counts only where it
+    changes more in log10 than KEY over the member's own steps (`counts`). A signature names at
+    most one stage of a run; signatures declaring the same `sequence` name stages in their
+    declared order (`assign_names`).
     """
 
     name: str
@@ -59,6 +61,7 @@ class Signature:
     run_has: str | None = None
     source: str = ""
     sequence: str | None = None
+    outpaces: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         for entry in self.moves + self.absent:
@@ -67,6 +70,22 @@ class Signature:
                 if len(parts) != 2 or parts[1] not in ("up", "down"):
                     raise ValueError(f"signature {self.name!r}: {alternative.strip()!r} is not 'PATTERN up|down'")
                 re.compile(parts[0])
+        for pattern, _ in self.outpaces:
+            re.compile(pattern)
+
+    def counts(self, member: dict, series: dict) -> bool:
+        """Whether a member (an event with `metric`, `direction`, `onset`, `end`) counts as a move
+        for this signature: unless an `outpaces` pattern matches its key, always; else only where
+        it changes, in its direction and in log10 from its onset to its end, by more than the
+        pair's KEY does (both series logged and positive there; where not, it counts)."""
+        for pattern, reference in self.outpaces:
+            if re.fullmatch(pattern, member["metric"]):
+                own = _log_change(series.get(member["metric"]), member["onset"], member["end"])
+                other = _log_change(series.get(reference), member["onset"], member["end"])
+                if own is not None and other is not None:
+                    sign = 1.0 if member["direction"] == "up" else -1.0
+                    return sign * own > sign * other
+        return True
 
     def _has(self, entry: str, moved: set[tuple[str, str]]) -> bool:
         alternatives = [a.split() for a in entry.split(" | ")]
@@ -254,16 +273,33 @@ def _value_at(steps: np.ndarray, values: np.ndarray, step: float) -> float:
     return float(np.interp(math.log10(max(step, 1.0)), np.log10(np.maximum(steps, 1.0)), values))
 
 
+def _points(data, positive: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    """A series' finite (and, if asked, positive) points in step order; None under two."""
+    if data is None:
+        return None
+    steps, values = (np.asarray(x, dtype=float) for x in data)
+    ok = np.isfinite(values) & np.isfinite(steps) & ((values > 0) if positive else True)
+    order = np.argsort(steps[ok])
+    return (steps[ok][order], values[ok][order]) if ok.sum() >= 2 else None
+
+
 def _relative_change(data, onset: int, end: int) -> float | None:
     """A series' change from `onset` to `end` (interpolated in log-step) over its range."""
-    steps, values = (np.asarray(x, dtype=float) for x in data)
-    ok = np.isfinite(values) & np.isfinite(steps)
-    steps, values = steps[ok], values[ok]
-    if len(values) < 2 or np.ptp(values) == 0:
+    points = _points(data)
+    if points is None or np.ptp(points[1]) == 0:
         return None
-    order = np.argsort(steps)
-    steps, values = steps[order], values[order]
+    steps, values = points
     return (_value_at(steps, values, end) - _value_at(steps, values, onset)) / float(np.ptp(values))
+
+
+def _log_change(data, onset: int, end: int) -> float | None:
+    """A positive series' change in log10 from `onset` to `end` (interpolated in log-step);
+    None without two positive values."""
+    points = _points(data, positive=True)
+    if points is None:
+        return None
+    steps, values = points[0], np.log10(points[1])
+    return _value_at(steps, values, end) - _value_at(steps, values, onset)
 
 
 def stage_type(onset: int, end: int, series: dict) -> str | None:
@@ -284,18 +320,20 @@ def stage_type(onset: int, end: int, series: dict) -> str | None:
 
 
 def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable[str] = (),
-                 fixed: dict[int, str | None] | None = None) -> list[str | None]:
+                 fixed: dict[int, str | None] | None = None, series: dict | None = None) -> list[str | None]:
     """The names of a run's stages (each a list of members, in time order), assigned over the
-    whole sequence: each stage takes the name of a signature it matches or none; a signature
+    whole sequence: each stage takes the name of a signature it matches (its members that count,
+    `Signature.counts` on `series`) or none; a signature
     names at most one stage, and the signatures of one `sequence` name stages in their declared
     order. Of the assignments, the one naming most stages; of those, the one naming earlier
     stages, then giving a stage the signature with more `moves` entries, then the one declared
     first (docs/stages.md, Names). `fixed`: stage index -> its name, kept as it is (a stage
     already said, live)."""
-    keys, fixed = list(keys), fixed or {}
+    keys, fixed, series = list(keys), fixed or {}, series or {}
     order = {s.name: k for k, s in enumerate(rules.signatures)}
     sequences = sorted({s.sequence for s in rules.signatures if s.sequence is not None})
-    matched = [[s for s in rules.signatures if s.matches({(m["metric"], m["direction"]) for m in members}, keys)]
+    matched = [[s for s in rules.signatures
+                if s.matches({(m["metric"], m["direction"]) for m in members if s.counts(m, series)}, keys)]
                for members in stages]
     for i, name in fixed.items():
         matched[i] = [s for s in rules.signatures if s.name == name]
@@ -416,7 +454,8 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
                          lead=lead["series"], type=stage_type(onset, end, series)))
     stages = sorted([*keep, *new], key=lambda s: (s.midpoint, s.onset))
     fixed = {i: s.name for i, s in enumerate(stages) if any(s is k for k in keep)}
-    names = assign_names([s.members for s in stages], rules, list(series) + [e["metric"] for e in usable], fixed)
+    names = assign_names([s.members for s in stages], rules, list(series) + [e["metric"] for e in usable], fixed,
+                         series)
     for stage, name in zip(stages, names):
         stage.name = name
     if previous is not None or keep:

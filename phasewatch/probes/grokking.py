@@ -251,8 +251,10 @@ STAGES = (
               source="Nanda et al. 2023, sec. 5.1: first, the train loss falls while the test loss does not"),
     Signature("circuit formation", moves=("grok/restricted_loss down | grok/excluded_loss up",),
               absent=("train/acc up",) + _TEST, run_has=_GROKKING_RUN, sequence=_NANDA,
+              outpaces=(("grok/restricted_loss", "train/loss"),),
               source="Nanda et al. 2023, sec. 5.1: after memorisation, the excluded loss rises and the restricted "
-                     "loss falls (the weights shrinking smoothly) while the test loss stays"),
+                     "loss falls (the weights shrinking smoothly) while the train and test loss stay: the "
+                     "restricted loss falls faster than the train loss"),
     Signature("cleanup", moves=("val/loss down | val/acc up", _CLEANING),
               absent=("train/acc up",), run_has=_GROKKING_RUN, sequence=_NANDA,
               source="Nanda et al. 2023, sec. 5.1: last, the test loss falls as the weight norm falls sharply, "

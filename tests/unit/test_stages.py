@@ -298,3 +298,35 @@ def test_a_run_folders_stages_recorded_from_its_metrics(tmp_path):
     stages = record_stages(folder, StageRules(detail=lambda key: "/L0H" in key))
     assert [members(s) for s in stages] == [[("a/x", "down"), ("b/y", "up")]] and 250 <= stages[0].midpoint <= 360
     assert read_stages(folder) == stages
+
+
+def test_circuit_formation_is_the_stage_whose_restricted_loss_outpaces_the_train_loss():
+    """The quickstart's headline series (3,000 steps, 2026-11-27): memorisation's tail, where the
+    train loss falls 2 decades and the restricted loss half of one with it, is no circuit
+    formation; the later stage, where the restricted loss falls 3 decades as the train loss falls
+    one (Nanda et al. 2023, sec. 5.1: the restricted loss falls while the train loss stays), is,
+    though both match the signature's moves."""
+    import phasewatch.probes  # noqa: F401
+    from phasewatch.probes.keys import stage_rules
+
+    def decades(*falls):  # a positive series falling by each (midpoint, decades) in turn
+        return STEPS, 10 ** -sum(d * (1 - step_series(mid)[1]) for mid, d in falls)
+
+    series = {"train/loss": decades((300, 2.0), (3000, 1.0)), "grok/restricted_loss": decades((300, 0.5), (3000, 3.0))}
+    run = [[event("train/acc", 30, "up"), event("val/loss", 30, "up"), event("grok/excluded_loss", 31)],
+           [event("train/loss", 300), event("grok/restricted_loss", 300)],
+           [event("train/loss", 3000), event("grok/restricted_loss", 3000), event("grok/excluded_loss", 3100, "up")],
+           [event("val/acc", 30000, "up"), event("grok/weight_norm", 31000)]]
+    stages = detect_stages([e for stage in run for e in stage], series, stage_rules())
+    assert [members(s) for s in stages] == [sorted((e["metric"], e["direction"]) for e in stage) for stage in run]
+    assert [s.name for s in stages] == ["memorisation", None, "circuit formation", "cleanup"]
+    # the restricted loss alone falling faster than the train loss is circuit formation; as fast
+    # as the train loss falls with it, or slower, none
+    cf = next(s for s in stage_rules().signatures if s.name == "circuit formation")
+    fall = event("grok/restricted_loss", 3000)
+    assert cf.counts(fall, series) and not cf.counts(event("grok/restricted_loss", 300), series)
+    together = {key: series["grok/restricted_loss"] for key in ("train/loss", "grok/restricted_loss")}
+    assert not cf.counts(fall, together)
+    assert cf.counts(event("grok/excluded_loss", 3100, "up"), series)  # only the restricted loss is measured so
+    # where the train loss is not logged (or not positive), the fall counts as it is
+    assert cf.counts(event("grok/restricted_loss", 300), {"grok/restricted_loss": series["grok/restricted_loss"]})
