@@ -26,7 +26,7 @@ import numpy as np
 
 from phasewatch.models import head_label
 from phasewatch.probes.keys import declared_scale, is_detail
-from phasewatch.phases.detector import detect_all, lead_lag
+from phasewatch.phases.detector import detect_all, lead_lag, scale_change
 from phasewatch.report.curves import panel_layout
 from phasewatch.report.heads import catalogue_array, head_catalogue, write_head_catalogue
 from phasewatch.report.page import load_array, policy, script_json
@@ -182,24 +182,17 @@ def display_name(key: str) -> str:
 
 
 def _size(event: dict, series: dict) -> float | None:
-    """The change as a fraction of its series' range: `magnitude` (in the series' units) over
-    the range of its values, or, for an event watched on a log scale, the change in log10
-    between the values at its onset and end over the range of log10 of the values. None when
-    the series or the magnitude is missing."""
+    """The change as a fraction of its series' range: its change on its own scale
+    (`scale_change`: `magnitude` in the series' units, or for an event watched on a log scale
+    the change in log10 between the values at its onset and end) over the range of the values
+    (of log10 of the values). None when the series or the magnitude is missing."""
     data = series.get(event.get("metric"))
     if data is None or not isinstance(event.get("magnitude"), (int, float)):
         return None
-    steps, values = np.asarray(data[0], dtype=float), np.asarray(data[1], dtype=float)
-    keep = np.isfinite(values) & ((values > 0) if event.get("scale") == "log" else True)
-    steps, values = steps[keep], values[keep]
-    if event.get("scale") == "log":
-        values = np.log10(values)
-        at = lambda step: values[np.argmin(np.abs(steps - step))]  # noqa: E731 - the nearest logged value
-        change = abs(at(event["end"]) - at(event["onset"])) if len(values) else 0.0
-    else:
-        change = abs(float(event["magnitude"]))
-    span = float(np.ptp(values)) if len(values) else 0.0
-    return round(float(change) / span, 4) if span > 0 else None
+    values = np.asarray(data[1], dtype=float)
+    values = values[np.isfinite(values) & ((values > 0) if event.get("scale") == "log" else True)]
+    span = float(np.ptp(np.log10(values) if event.get("scale") == "log" else values)) if len(values) else 0.0
+    return round(scale_change(event, *data) / span, 4) if span > 0 else None
 
 
 def _config(folder: RunFolder) -> dict:
