@@ -76,7 +76,7 @@ def test_modular_training_learns(tmp_path):
     assert train[0]["train/acc"] < 0.3 and train[-1]["train/acc"] == 1.0
 
 
-STEPS = 600
+STEPS = 300  # transitions confirmed from step ~50 on (memorisation, the Fourier measures), onsets still open at the end
 # last.ckpt every 20 steps and no scheduled checkpoints in between
 RESUME_CHECKPOINTS = ["--checkpoints.last_every", "20", "--checkpoints.schedule.kind", "list",
                       "--checkpoints.schedule.steps", "[0]"]
@@ -119,7 +119,9 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
     assert keys(resumed) == keys(reference)  # every step and key exactly once
     assert resumed == reference  # same seed, data order, optimizer state: the very same numbers
     # and the live transition detector reported the same events, none twice
-    assert list(read_jsonl(killed / "events.jsonl")) == list(read_jsonl(whole / "events.jsonl"))
+    events = list(read_jsonl(whole / "events.jsonl"))
+    assert {"onset", "confirmed", "withdrawn"} <= {e["stage"] for e in events}  # something to compare
+    assert list(read_jsonl(killed / "events.jsonl")) == events
     # W&B: two offline files for the killed run (one per process), one for the uninterrupted run; the
     # newest holds the whole history, every step once, with the uninterrupted run's values
     (reference_wandb,), offline = wandb_records.offline_runs(whole), wandb_records.offline_runs(killed)
