@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from phasewatch.phases.detector import detect_transitions, lead_lag
+from phasewatch.phases.scale import LOG
 from phasewatch.rundir import load_series
 
 LOG_STEPS = np.unique(np.round(np.geomspace(1, 20000, 300)))
@@ -81,6 +82,34 @@ def test_lead_lag_orders_measures_before_the_loss():
     rows = lead_lag(events, "val/loss")
     assert [r["metric"] for r in rows] == ["restricted", "excluded"]
     assert rows[0]["lead"] > rows[1]["lead"] > 1000
+
+
+def test_the_report_s_lead_lag_row_is_against_the_loss_s_fall_by_decades(capsys):
+    """A test loss rises from 1 to 9 while the model memorises (the largest change in its units),
+    falls to 2, then drops to 1e-4 (4.3 decades: its grokking drop); the restricted loss drops with
+    memorisation, next to the rise, then falls by decades before the grokking drop. Found on the log
+    scale, the report's row for the restricted loss is its fall against the grokking drop, and
+    `phasewatch phases --series` marks that drop's rows as the report's."""
+    from phasewatch.cli.main import _print_lead_lag
+
+    rng = np.random.default_rng(1)
+    noise = lambda: rng.normal(0, 0.02, len(LOG_STEPS))  # noqa: E731 - in decades
+    change = lambda centre: sigmoid_in_log_steps(LOG_STEPS, centre, width=0.08)  # noqa: E731
+    test = 0.95 * change(100) - 0.65 * change(400) - 4.3 * change(3000) + noise()
+    restricted = 0.6 - 0.5 * change(110) - 3 * change(1200) + noise()
+    data = {"val/loss": (LOG_STEPS, 10**test), "restricted": (LOG_STEPS, 10**restricted)}
+    events = [e for name, (steps, values) in data.items() for e in detect_transitions(steps, values, name, scale=LOG)]
+    drops = [e for e in events if e["metric"] == "val/loss"]
+    assert [e["direction"] for e in drops] == ["up", "down", "down"]  # the three changes, in step order
+    assert max(drops, key=lambda e: e["magnitude"]) is drops[0]  # in its units the rise is the largest
+    rows = lead_lag(events, "val/loss", data["val/loss"])
+    assert [(r["metric"], r["reference_midpoint"], r["direction"]) for r in rows] == [
+        ("restricted", drops[2]["midpoint"], "down")]
+    assert 2000 <= drops[2]["midpoint"] <= 4000 and 1000 <= rows[0]["midpoint"] <= 2000
+    _print_lead_lag(events, "val/loss", data)
+    headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("lead/lag against")]
+    marked = [line for line in headers if "the report's rows" in line]
+    assert len(headers) >= 2 and marked == [h for h in headers if f"(midpoint {drops[2]['midpoint']})" in h]
 
 
 def test_published_digit_addition_losses_drop_once_per_token_at_distinct_steps(reference_dir):
