@@ -5,11 +5,12 @@ For each run folder (a population's folder stands for its members), as the repor
 events.jsonl; the offline detector's on the watcher's scales when there are none), `lead_lag`
 against the test loss's principal transition (phases/detector.py `principal`: its largest change
 on its own scale, in decades for a loss): the restricted loss's row, and the same with its rises
-left out (the lead of its fall). Printed per
-run: the test loss's confirmed falls (bold: the one that takes it below 1, its grokking drop), the
-two rows, the restricted loss's falls after memorisation (train accuracy first >= 0.99) with the
-step the watcher confirmed each (`detected_at`; "end": only at the last look), and the first
-steps with restricted < 0.1 and test < 1; then each lead's distribution over runs. Reads only.
+left out (the lead of its fall). Printed per run: the test loss's confirmed falls (bold: the one
+that takes it below 1, its grokking drop), the two rows, the restricted loss's falls after
+memorisation (train accuracy first >= 0.99) with the step the watcher confirmed each
+(`detected_at`; "end": only at the last look), and the first steps with restricted < 0.1 and
+test < 1; then each lead's distribution over runs and how often the principal transition is the
+grokking drop. Reads only.
 
     python bench/grokking_lead.py RUN_DIR...
 """
@@ -137,7 +138,8 @@ def tables(runs: list[dict]) -> str:
     out += ["", f"runs with a restricted-loss fall after memorisation confirmed live (before the last step): "
             f"{len(live)} of {len(runs)}; with a grokking drop (bold: the test loss's fall that takes it below 1): "
             f"{len(grokked)}, in {len(ahead)} of which a restricted-loss fall after memorisation began before it; "
-            f"in {len(principal_drop)} of which that drop is the test loss's principal transition (the one the report's rows are against)"]
+            f"in {len(principal_drop)} of which that drop is the test loss's principal transition "
+            "(the one the report's rows are against)"]
     return "\n".join(out)
 
 
