@@ -1,6 +1,6 @@
 """Stages (phasewatch/phases/stages.py) on planted multi-series cases and on real runs.
 
-    python bench/stages.py [--seeds 8] [--runs RUN_DIR ...] [--write]
+    python bench/stages.py [--seeds 8] [--runs RUN_DIR ...] [--keys KEY ...] [--write]
 
 Synthetic: per seed, series logged at 100 log-spaced steps (1-10,000) holding three planted
 stages about a decade apart (2-4 series each, of different families; logistic steps in log-step time whose 10-90% part
@@ -176,7 +176,7 @@ def _first(series, key, test) -> int | None:
     return int(min(hit)) if hit else None
 
 
-def real_table(runs: list[str]) -> str:
+def real_table(runs: list[str], keys: list[str] | None = None) -> str:
     import phasewatch.probes  # noqa: F401
     from phasewatch.probes.keys import stage_rules
     from phasewatch.rundir import RunFolder
@@ -187,7 +187,7 @@ def real_table(runs: list[str]) -> str:
         all_series = folder.series()
         rules = stage_rules()
         start = time.perf_counter()
-        stages = S.run_stages(folder, rules)
+        stages = S.series_stages({k: v for k, v in all_series.items() if not keys or k in keys}, rules)
         took = time.perf_counter() - start
         events = sum(len(s.members) for s in stages)
         sequence = " -> ".join(f"{s.name or 'unnamed'} ({s.onset}-{s.end}, lead {s.lead})" for s in stages) or "none"
@@ -207,11 +207,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=8, help="synthetic runs per case (0: none)")
     parser.add_argument("--runs", nargs="*", default=[], help="run folders")
+    parser.add_argument("--keys", nargs="*", default=None,
+                        help="the real runs' stages from these series only (e.g. the quickstart's headline series)")
     parser.add_argument("--write", action="store_true", help="write the tables into bench/README.md")
     args = parser.parse_args()
     parts = [f"Synthetic planted stages ({args.seeds} seeds per case):\n\n{synthetic_table(args.seeds)}"] if args.seeds else []
     if args.runs:
-        parts.append("Real runs:\n\n" + real_table(args.runs))
+        parts.append("Real runs:\n\n" + real_table(args.runs, args.keys))
     text = "\n\n".join(parts)
     print(text)
     if args.write:
