@@ -295,18 +295,19 @@ class RaspTask(Task):
         return self._pool_batch(n, torch.randint(0, len(pool), (size,), generator=g))  # `train_inputs`' draw
 
     def _pool_batch(self, n: int, index: torch.Tensor) -> Batch:
-        """`encode` of the inputs `index` of length n's training pool: the pool's tokens are
-        encoded once (at its first draw), each input's targets when it is first drawn, so that
-        a batch is one index into them."""
+        """`encode` of the inputs `index` of length n's training pool: each input is encoded
+        once, when it is first drawn (a short run draws a small part of a large pool), so that
+        a batch is one index into the pool's tensors."""
+        pool = self._train_pool[n]
         if n not in self._encoded_pool:
-            pool = self._train_pool[n]
-            tokens = torch.tensor([[self.bos] + [self.encoding[v] for v in xs] for xs in pool], dtype=torch.long)
+            tokens = torch.zeros((len(pool), n + 1), dtype=torch.long)
             self._encoded_pool[n] = (tokens, torch.zeros_like(tokens), torch.zeros(len(pool), dtype=torch.bool))
         tokens, targets, known = self._encoded_pool[n]
         new = index[~known[index]].unique()
         if len(new):
-            pool = self._train_pool[n]
-            targets[new, 1:] = torch.tensor([self.output_ids(pool[i]) for i in new.tolist()], dtype=torch.long)
+            drawn = [pool[i] for i in new.tolist()]
+            tokens[new] = torch.tensor([[self.bos] + [self.encoding[v] for v in xs] for xs in drawn], dtype=torch.long)
+            targets[new, 1:] = torch.tensor([self.output_ids(xs) for xs in drawn], dtype=torch.long)
             known[new] = True
         mask = torch.ones((len(index), n + 1), dtype=torch.bool)
         mask[:, 0] = False
