@@ -143,9 +143,10 @@ class Stage:
         return any(m.get("kind") == "in_progress" for m in self.members)
 
     def summary(self) -> str:
-        """One line: id, name, span, what moved (lead first), type."""
-        moved = ", ".join(f"{m['series']} {m['direction']}" for m in
-                          sorted(self.members, key=lambda m: (m["series"] != self.lead, m["onset"], m["series"])))
+        """One line: id, name, span, what moved (lead first; a series moving the same way in
+        several pieces once), type."""
+        moved = ", ".join(dict.fromkeys(f"{m['series']} {m['direction']}" for m in
+                          sorted(self.members, key=lambda m: (m["series"] != self.lead, m["onset"], m["series"]))))
         label = f" {self.name}" if self.name else " (unnamed)"
         kind = f", type {self.type}" if self.type else ""
         more = " (in progress)" if self.in_progress else ""

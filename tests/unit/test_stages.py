@@ -330,3 +330,17 @@ def test_circuit_formation_is_the_stage_whose_restricted_loss_outpaces_the_train
     assert cf.counts(event("grok/excluded_loss", 3100, "up"), series)  # only the restricted loss is measured so
     # where the train loss is not logged (or not positive), the fall counts as it is
     assert cf.counts(event("grok/restricted_loss", 300), {"grok/restricted_loss": series["grok/restricted_loss"]})
+
+
+def test_a_stage_summary_names_each_series_and_direction_once_lead_first():
+    """A series that moved the same way in two pieces is named once; the lead comes first, a
+    series that moved both ways is named with each direction."""
+    def member(series, direction, onset):
+        return {"series": series, "metric": series, "direction": direction, "onset": onset, "midpoint": onset + 5,
+                "end": onset + 10}
+
+    members = [member("val/loss", "down", 20), member("train/acc", "up", 10), member("val/loss", "down", 40),
+               member("grok/excluded_loss", "down", 15), member("grok/excluded_loss", "up", 50)]
+    stage = Stage(id=3, onset=10, midpoint=30, end=60, members=members, lead="val/loss")
+    assert stage.summary().endswith(
+        "; led by val/loss; val/loss down, train/acc up, grok/excluded_loss down, grok/excluded_loss up")
