@@ -225,12 +225,12 @@ class TransitionWatcher(pl.Callback):
         under_way = [] if final else [{**e, "under_way": True} for fits in self._fits_under_way.values() for e in fits
                                        if not self._confirmed(e, series.get(e["metric"], ((), ()))[0])]
         watched = {k: s for k, s in series.items() if not is_detail(k)}
-        done = [s for s in self.stages if self._said.get(s.id) == "confirmed"]  # said confirmed: kept as said
+        kept = [s for s in self.stages if self._said.get(s.id) == "confirmed"]  # said confirmed: kept as said
         # ids carry from the last look's stages and from those said to begin, even if a look lost them
         self._begun.update({s.id: s for s in self.stages if self._said.get(s.id) == "begins"})
         here = {s.id for s in self.stages}
         previous = self.stages + [s for k, s in self._begun.items() if k not in here and self._said.get(k) == "begins"]
-        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=done)
+        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=kept)
         news = []
         for stage in self.stages:
             done = not any(m.get("under_way") for m in stage.members)
