@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,11 +31,37 @@ from phasewatch.errors import ConfigError
 _LOADED: set[tuple[str, str]] = set()
 
 
-def load_entry_points(group: str) -> None:
-    """Import every not yet imported entry point of `group` (its import registers its plug-ins)."""
+#: per group: (the state of sys.path it was scanned in, its entry points)
+_SCANNED: dict[str, tuple[tuple, tuple]] = {}
+
+
+def _path_state() -> tuple:
+    """sys.path with each folder's modification time: installing or removing a distribution
+    changes the folder it goes in, so an unchanged state has the same entry points."""
+    state = []
+    for entry in sys.path:
+        try:
+            state.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            state.append((entry, None))
+    return tuple(state)
+
+
+def entry_points_of(group: str) -> tuple:
+    """The entry points of `group`, read from the installed distributions again only when
+    sys.path or one of its folders changed since the last read (a read takes ~50 ms)."""
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group=group):
+    state = _path_state()
+    scanned = _SCANNED.get(group)
+    if scanned is None or scanned[0] != state:
+        scanned = _SCANNED[group] = (state, tuple(entry_points(group=group)))
+    return scanned[1]
+
+
+def load_entry_points(group: str) -> None:
+    """Import every not yet imported entry point of `group` (its import registers its plug-ins)."""
+    for ep in entry_points_of(group):
         if (group, ep.value) in _LOADED:
             continue
         _LOADED.add((group, ep.value))
@@ -55,9 +83,7 @@ def import_module(name: str, what: str) -> ModuleType:
 
 def installed_modules() -> set[str]:
     """The modules of the installed plug-ins (entry points of phasewatch's groups)."""
-    from importlib.metadata import entry_points
-
-    return {ep.module for group in ("phasewatch.probes", "phasewatch.tasks") for ep in entry_points(group=group)}
+    return {ep.module for group in ("phasewatch.probes", "phasewatch.tasks") for ep in entry_points_of(group)}
 
 
 def _within(module: str, roots: set[str]) -> bool:
