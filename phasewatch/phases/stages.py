@@ -2,16 +2,16 @@
 
 `detect_stages(events, series, rules)` takes the per-series transitions (dicts as in
 events.jsonl or `detect_all`'s output, or objects with `to_dict`; trends, spikes, onsets and
-withdrawn events are left out) and each series' (steps, values). Transitions whose midpoints
-are one time up to their own widths in log-step time (a chi-squared test at `LEVEL`) form a
-group; a group is a stage when it holds series of two families or a headline series
-(`StageRules`), and the lone changes of other groups are taken out. Stages are named over
-the whole sequence by the declared `Signature`s they match (`assign_names`: each name once, a
-sequence's in order; None otherwise, never forced); where an LLC series exists a stage has a
-type ("A": loss falls, LLC rises; "B": loss flat, LLC falls; Hoogland et al. 2024).
-`previous` carries stage ids between calls, `keep` holds stages already said. A run folder's
-stages: `run_stages`, written by `record_stages`/`write_stages`, read by `read_stages`.
-Method and measurements: docs/stages.md.
+withdrawn events are left out) and each series' (steps, values). Changes (a series' adjacent
+pieces in one direction joined) whose midpoints are one time up to their own widths in log-step
+time (a chi-squared test at `LEVEL`) form a group; a group is a stage when it holds series of
+two families or a headline series (`StageRules`), and the lone changes of other groups are
+taken out. Stages are named over the whole sequence by the declared `Signature`s they match
+(`assign_names`: each name once, a sequence's in order; None otherwise, never forced); where an
+LLC series exists a stage has a type ("A": loss falls, LLC rises; "B": loss flat, LLC falls;
+Hoogland et al. 2024). `previous` carries stage ids between calls, `keep` holds stages already
+said. A run folder's stages: `run_stages`, written by `record_stages`/`write_stages`, read by
+`read_stages`. Method and measurements: docs/stages.md.
 """
 
 from __future__ import annotations
@@ -199,18 +199,21 @@ def _erfinv(x: float) -> float:
     return y
 
 
+def _step_gap(data, t: float) -> float:
+    """The log10 gap between a series' logged steps around log10 step `t` (0 without two)."""
+    if data is None or len(data[0]) < 2:
+        return 0.0
+    steps = np.log10(np.maximum(np.unique(np.asarray(data[0], dtype=float)), 1.0))
+    k = int(np.clip(np.searchsorted(steps, t), 1, len(steps) - 1))
+    return float(steps[k] - steps[k - 1])
+
+
 def _scale(event: dict, series: dict) -> float:
     """How exactly an event's midpoint can stand for its time, in decades: its change's logistic
     width in log-step time, at least the log-gap between the series' logged steps around its
     midpoint (a jump between two logged steps is anywhere between them)."""
     onset, mid, end = _times(event)
-    width = (end - onset) / (2 * _LN9)
-    data = series.get(event["metric"])
-    if data is not None and len(data[0]) >= 2:
-        t = np.log10(np.maximum(np.unique(np.asarray(data[0], dtype=float)), 1.0))
-        k = int(np.clip(np.searchsorted(t, mid), 1, len(t) - 1))
-        width = max(width, float(t[k] - t[k - 1]))
-    return max(width, MIN_WIDTH)
+    return max((end - onset) / (2 * _LN9), _step_gap(series.get(event["metric"]), mid), MIN_WIDTH)
 
 
 def _clusters(events: list[dict], series: dict, level: float) -> list[list[dict]]:
@@ -256,16 +259,45 @@ def _qualifies(members: list[dict], rules: StageRules) -> bool:
             or any(m["metric"] in rules.headline for m in members))
 
 
+def _joined(events: list[dict], series: dict) -> list[dict]:
+    """Events with each series' pieces of one change joined: transitions of one series in one
+    direction, each beginning where the last ended up to the timing resolution (`MIN_WIDTH`, or
+    the gap between its logged steps there), are one change (the detector cuts a fall through
+    decades where its rate changes). A joined event is one change over its pieces' span, its
+    midpoint that span's centre in log-step time (as for a logistic change), its `pieces` the
+    events it joins."""
+    out, runs = [], {}
+    for e in sorted(events, key=lambda e: (_times(e)[0], _times(e)[2])):
+        if e.get("kind", "transition") != "transition":
+            out.append(e)
+            continue
+        runs.pop((e["metric"], "up" if e["direction"] == "down" else "down"), None)  # a reversal ends a change
+        last = runs.get((e["metric"], e["direction"]))
+        if last is not None and _times(e)[0] - _times(last)[2] <= max(
+                MIN_WIDTH, _step_gap(series.get(e["metric"]), _times(last)[2])):
+            last["pieces"].append(e)
+            last["end"] = max(last["end"], e["end"])
+        else:
+            runs[e["metric"], e["direction"]] = {**e, "pieces": [e]}
+            out.append(runs[e["metric"], e["direction"]])
+    for e in out:
+        if len(e.get("pieces", ())) > 1:
+            e["midpoint"] = int(round(math.sqrt(max(e["onset"], 1) * max(e["end"], 1))))
+    return out
+
+
 def _group(events: list[dict], series: dict, rules: StageRules, level: float) -> list[list[dict]]:
-    """The events of each stage (`_clusters`); groups that do not qualify are taken out and the
-    rest grouped again, until every group qualifies."""
+    """The events of each stage (`_clusters` of the changes `_joined`, each then given back as its
+    pieces); groups that do not qualify are taken out and the rest grouped again, until every
+    group qualifies."""
     families = {e["metric"]: rules.family(e["metric"]) for e in events}
     rules = dataclasses.replace(rules, family=families.__getitem__)
+    events = _joined(events, series)
     while events:
         groups = _clusters(events, series, level)
         kept = [e for g in groups if _qualifies(g, rules) for e in g]
         if len(kept) == len(events):
-            return groups
+            return [[p for e in g for p in e.get("pieces", [e])] for g in groups]
         events = kept
     return []
 

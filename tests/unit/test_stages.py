@@ -344,3 +344,52 @@ def test_a_stage_summary_names_each_series_and_direction_once_lead_first():
     stage = Stage(id=3, onset=10, midpoint=30, end=60, members=members, lead="val/loss")
     assert stage.summary().endswith(
         "; led by val/loss; val/loss down, train/acc up, grok/excluded_loss down, grok/excluded_loss up")
+
+
+def test_pieces_of_one_change_are_one_change_to_the_grouping():
+    """A headline series falling through 100-400 in two pieces the detector cut at step 200 (the
+    second beginning where the first ended) is one change, in the stage of the series that moved
+    with it; cut apart, its second piece alone made a stage of its own. Pieces further apart than
+    the timing resolution, or with a rise between them, stay two changes."""
+    rules = StageRules(headline=frozenset({"a/x"}))
+    first = {"metric": "a/x", "direction": "down", "onset": 100, "midpoint": 141, "end": 200, "kind": "transition"}
+    second = {**first, "onset": 205, "midpoint": 286, "end": 400}
+    stages = detect_stages([first, second, event("b/y", 141, decades=0.1)], {}, rules)
+    assert [members(s) for s in stages] == [[("a/x", "down"), ("a/x", "down"), ("b/y", "down")]]
+    assert (stages[0].onset, stages[0].end) == (100, 400)
+    apart = {**second, "onset": 320, "midpoint": 560, "end": 1000}  # 0.2 decades after the first's end
+    assert len(detect_stages([first, apart, event("b/y", 141, decades=0.1)], {}, rules)) == 2
+    rise = {**first, "direction": "up", "onset": 200, "midpoint": 202, "end": 204}
+    assert detect_stages([first, rise, second, event("b/y", 141, decades=0.1)], {}, rules)[0].end == 200
+
+
+def test_the_quickstarts_test_loss_collapse_is_in_cleanup():
+    """The quickstart's transitions (3,000 steps, 2026-11-27, all series): Nanda et al. 2023 (sec.
+    5.1) call cleanup the phase in which the test loss suddenly drops while the weight norm falls
+    sharply. The restricted loss falls through five decades in two pieces (321-969, 1,031-1,845);
+    taken apart, the second held the test accuracy's rise away from the test loss's collapse
+    (1,518-3,092), which was left an unnamed stage after 'cleanup'. Joined, the collapse is in
+    cleanup with the accuracy's rise and the weight norm's fall, after circuit formation."""
+    import phasewatch.probes  # noqa: F401
+    from phasewatch.probes.keys import stage_rules
+
+    at = [20, 50, 100, 150, 200, 300, 400, 500, 700, 1000, 1300, 1600, 2000, 2500, 3000]  # log10 of each loss there
+    train = [0.61, 0.58, 0.32, -1.31, -2.02, -2.45, -2.95, -3.44, -4.41, -5.78, -6.74, -6.98, -7.05, -7.10, -7.14]
+    restricted = [0.61, 0.62, 0.64, 0.14, -0.02, -0.23, -0.49, -0.77, -1.39, -2.76, -4.60, -6.07, -7.27, -6.84, -7.41]
+    steps = np.arange(10, 3001, 10)
+    series = {"train/loss": (steps, 10 ** np.interp(steps, at, train)),
+              "grok/restricted_loss": (steps, 10 ** np.interp(steps, at, restricted))}
+    found = [("grok/excluded_loss", "down", 82, 89, 96), ("val/loss", "up", 46, 90, 147),
+             ("grok/weight_norm", "up", 63, 95, 136), ("train/acc", "up", 66, 101, 132),
+             ("val/seq_acc", "up", 91, 113, 159), ("train/loss", "down", 103, 136, 169),
+             ("grok/restricted_loss", "down", 113, 138, 168), ("grok/restricted_loss", "down", 321, 684, 969),
+             ("train/loss", "down", 319, 733, 1235), ("grok/excluded_loss", "up", 359, 763, 1320),
+             ("grok/key_logit_fraction", "up", 476, 1282, 2357), ("grok/restricted_loss", "down", 1031, 1373, 1845),
+             ("val/acc", "up", 1075, 1486, 1800), ("grok/weight_norm", "down", 998, 1572, 2654),
+             ("val/loss", "down", 1518, 2194, 3092), ("grok/excluded_loss", "down", 1638, 2205, 2421)]
+    events = [dict(zip(("metric", "direction", "onset", "midpoint", "end"), e), kind="transition") for e in found]
+    stages = detect_stages(events, series, stage_rules())
+    assert [s.name for s in stages] == ["memorisation", "circuit formation", "cleanup"]
+    cleanup = stages[2]
+    assert {("val/loss", "down"), ("val/acc", "up"), ("grok/weight_norm", "down")} <= set(members(cleanup))
+    assert cleanup.end == 3092 and ("grok/excluded_loss", "up") in members(stages[1])
