@@ -283,14 +283,16 @@ def compare_command(argv: list[str]) -> int:
     parser.add_argument("--no-stages", action="store_true",
                         help="leave out each run's stages (found in its series, as `phasewatch phases`; the slow part)")
     parser.add_argument("--out", default=None,
-                        help="output path without suffix (default: <sweep folder>/compare, or ./compare)")
+                        help="output path without suffix (default: <sweep or population folder>/compare, or ./compare)")
     args = parser.parse_args(argv)
     try:
         columns, rows = compare(args.paths, args.keys, stages=not args.no_stages)
     except (FileNotFoundError, KeyError) as err:
         print(f"phasewatch: error: {err.args[0]}", file=sys.stderr)
         return 2
-    single = len(args.paths) == 1 and SweepFolder(args.paths[0]).is_sweep()
+    folder = Path(args.paths[0])  # one sweep's or population's folder: its compare.* go there
+    single = len(args.paths) == 1 and (SweepFolder(folder).is_sweep()
+                                       or (not RunFolder(folder).metrics.exists() and bool(run_folders(folder))))
     out = Path(args.out) if args.out else (SweepFolder(args.paths[0]).comparison if single else Path("compare"))
     widths = {c: max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))
