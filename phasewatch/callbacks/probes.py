@@ -245,7 +245,8 @@ class StackedProbes:
     """The probes of a population's members that have a form over stacked weights
     (`probes.stacked.STACKED`): the first member to ask for one at a step gets it measured
     for every member expected to ask (`expect`, by default all) in one pass; the others are
-    handed their values as they ask. Probes without that form: None (run member by member)."""
+    handed their values as they ask. Probes without that form (or whose form refuses the
+    model): None (run member by member)."""
 
     def __init__(self, template: torch.nn.Module, params: Callable[[], dict[str, torch.Tensor]], models: list, task):
         self.template, self.params, self.models, self.task = template, params, models, task
@@ -280,7 +281,10 @@ class StackedProbes:
             params = self.params()
             if len(todo) < len(self.models):
                 params = {key: p[todo] for key, p in params.items()}
-            got.update(zip(todo, fn(self.template, params, [self.models[k] for k in todo], self.task, **options)))
+            values = fn(self.template, params, [self.models[k] for k in todo], self.task, **options)
+            if values is None:  # no stacked form for this model
+                return None
+            got.update(zip(todo, values))
         return got[member]
 
 

@@ -108,26 +108,44 @@ def _index(label: str) -> tuple[int, int]:
     return int(layer), int(head)
 
 
-@torch.no_grad()
-def head_scores(model, vocab_size: int, bos: int, n_ctx: int, rep_len: int | None = None, batch: int = 64) -> dict:
-    """Every head score and the in-context-learning gap (see the module docstring)."""
+def head_tokens(vocab_size: int, n_ctx: int, bos: int, rep_len: int | None = None,
+                batch: int = 64) -> tuple[Int[Tensor, "batch pos"], int]:
+    """The repeated random tokens that the scores are measured on, and their `rep_len`."""
     rep_len = rep_len or min(20, (n_ctx - 1) // 2)
-    tokens = repeated_tokens(vocab_size, bos, rep_len, batch).to(next(model.parameters()).device)
-    logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
-    weights = _Weights(model)
-    patterns = [cache[f"blocks.{layer}.attn.hook_pattern"].double().cpu() for layer in range(weights.W_Q.shape[0])]
-    tokens = tokens.cpu()
-    scores = {
-        "prev_token": torch.stack([previous_token_score(p) for p in patterns]),
-        "duplicate": torch.stack([duplicate_token_score(p, tokens) for p in patterns]),
-        "induction": torch.stack([induction_score(p, rep_len) for p in patterns]),
-        "copying": copying_scores(weights).cpu(),
-        **{k: v.cpu() for k, v in induction_mechanism_scores(weights).items()},
-    }
-    logp = F.log_softmax(logits.double().cpu()[:, :-1], dim=-1)
+    return repeated_tokens(vocab_size, bos, rep_len, batch), rep_len
+
+
+def forward_scores(logits: Float[Tensor, "batch pos vocab"], patterns: list[Float[Tensor, "batch head q k"]],
+                   tokens: Int[Tensor, "batch pos"], rep_len: int) -> dict[str, Tensor]:
+    """The scores read from one forward pass on `head_tokens` (the logits and each layer's
+    attention pattern): per head [layer, head] previous-token, duplicate and induction, and
+    the mean loss on the first and the second copy (`first`, `second`, 0-d float64)."""
+    patterns = [p.double() for p in patterns]
+    logp = F.log_softmax(logits.double()[:, :-1], dim=-1)
     nll = -logp.gather(-1, tokens[:, 1:, None])[..., 0]  # position i predicts token i+1
     # predicting tokens 2..L of each copy: positions 1..L-1 (first), L+1..2L-1 (second)
-    first, second = nll[:, 1:rep_len].mean(), nll[:, rep_len + 1:2 * rep_len].mean()
+    return {"prev_token": torch.stack([previous_token_score(p) for p in patterns]),
+            "duplicate": torch.stack([duplicate_token_score(p, tokens) for p in patterns]),
+            "induction": torch.stack([induction_score(p, rep_len) for p in patterns]),
+            "first": nll[:, 1:rep_len].mean(), "second": nll[:, rep_len + 1:2 * rep_len].mean()}
+
+
+@torch.no_grad()
+def head_scores(model, vocab_size: int, bos: int, n_ctx: int, rep_len: int | None = None, batch: int = 64,
+                read: dict[str, Tensor] | None = None) -> dict:
+    """Every head score and the in-context-learning gap (see the module docstring). `read`:
+    `forward_scores` of the model measured otherwise (over a population's stacked weights)."""
+    tokens, rep_len = head_tokens(vocab_size, n_ctx, bos, rep_len, batch)
+    if read is None:
+        logits, cache = model.run_with_cache(tokens.to(next(model.parameters()).device),
+                                             names_filter=lambda name: name.endswith("hook_pattern"))
+        patterns = [cache[f"blocks.{layer}.attn.hook_pattern"].cpu() for layer in range(model.cfg.n_layers)]
+        read = forward_scores(logits.cpu(), patterns, tokens, rep_len)
+    weights = _Weights(model)
+    scores = {**{k: read[k].cpu() for k in ("prev_token", "duplicate", "induction")},
+              "copying": copying_scores(weights).cpu(),
+              **{k: v.cpu() for k, v in induction_mechanism_scores(weights).items()}}
+    first, second = read["first"], read["second"]
     return {"scores": scores, "icl/loss_gap": float(second - first), "icl/first_copy_loss": float(first),
             "icl/second_copy_loss": float(second), "rep_len": rep_len}
 
@@ -150,8 +168,9 @@ def classify(scores: dict[str, Tensor], thresholds: dict[str, float] = THRESHOLD
 
 
 def head_probe_values(model, vocab_size: int, bos: int, n_ctx: int,
-                      thresholds: dict[str, float] | None = None) -> dict:
-    result = head_scores(model, vocab_size, bos, n_ctx)
+                      thresholds: dict[str, float] | None = None, read: dict[str, Tensor] | None = None) -> dict:
+    """The probe's values (`head_scores`' scores as keys, the heads above `thresholds`)."""
+    result = head_scores(model, vocab_size, bos, n_ctx, read=read)
     out: dict = {k: result[k] for k in ("icl/loss_gap", "icl/first_copy_loss", "icl/second_copy_loss")}
     for kind, s in result["scores"].items():
         for layer in range(s.shape[0]):

@@ -3,12 +3,14 @@ member's architecture), every member's parameters stacked along a leading member
 (`params`, as `torch.func.functional_call` names them), the members' own models (for what
 reads weights directly) and the task, and returns each member's values: the probe's values
 on that member alone, to float rounding (one `torch.func.vmap` over the members does the
-tensor work of all of them). `STACKED` names the probes that have such a form (grokking:
-the logits of every input; composition: the Q/K/V scores); every other probe runs member by
-member. Pure: weights in, numbers out."""
+tensor work of all of them), or None where it has no such form for that model. `STACKED`
+names the probes that have one (grokking: the logits of every input; composition: the Q/K/V
+scores; heads: the forward pass on repeated tokens, read through hooks on a TransformerLens
+native model's attention); every other probe runs member by member. Pure: weights in, numbers out."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -18,6 +20,7 @@ from torch import Tensor
 from phasewatch.models import parameters_kept
 from phasewatch.probes.composition import COMPOSE_FACTOR, composition_probe_values, head_weights, scores_of_weights
 from phasewatch.probes.grokking import check_key_freqs, grid_inputs, progress_measures
+from phasewatch.probes.heads import forward_scores, head_probe_values, head_tokens
 
 #: members in one vectorised pass, and inputs per pass: small enough that a pass stays in the
 #: CPU's caches (on the quickstart 4 x 1,024 runs as fast as member by member, 16 x 4,096 half as
@@ -33,19 +36,22 @@ def _one_as_two(stacked: dict[str, Tensor]) -> tuple[dict[str, Tensor], int]:
     return ({name: torch.cat([p, p]) for name, p in stacked.items()} if size == 1 else stacked), size
 
 
-def stacked_last_logits(template: torch.nn.Module, params: dict[str, Tensor], tokens: Int[Tensor, "rows seq"],
-                        classes: int) -> Float[Tensor, "n rows classes"]:
-    """Every member's logits at the last position of `tokens` (the same inputs for every
-    member) over the first `classes` classes, float64 on the CPU, without gradients."""
+def stacked_forward(template: torch.nn.Module, params: dict[str, Tensor], tokens: Int[Tensor, "rows seq"],
+                    read: Callable[[Tensor, Tensor], Any]) -> list:
+    """`read(logits, chunk)` of every member (vmapped: its tensors gain a leading member
+    dimension) on `tokens` (the same inputs for every member) in chunks of `ROWS` rows,
+    `MEMBERS_PER_PASS` members a pass, in eval mode without gradients: one list per pass, of
+    one result per chunk. `read` may call `captured()`: what the hooks registered on the
+    template while it runs took (`capture`)."""
     from torch.func import functional_call, vmap
 
-    def one(member: dict[str, Tensor], chunk: Tensor) -> Tensor:
-        return functional_call(template, member, (chunk,))[:, -1, :classes].double()
+    def one(member: dict[str, Tensor], chunk: Tensor):
+        _CAPTURED.clear()
+        return read(functional_call(template, member, (chunk,)), chunk)
 
-    def group(members: dict[str, Tensor]) -> Tensor:
+    def group(members: dict[str, Tensor]) -> list:
         members, size = _one_as_two(members)
-        out = torch.cat([vmap(one, in_dims=(0, None))(members, chunk) for chunk in tokens.split(ROWS)], dim=1)
-        return out[:size]
+        return [_first(vmap(one, in_dims=(0, None))(members, chunk), size) for chunk in tokens.split(ROWS)]
 
     n = next(iter(params.values())).shape[0]
     tokens = tokens.to(next(iter(params.values())).device)
@@ -53,10 +59,48 @@ def stacked_last_logits(template: torch.nn.Module, params: dict[str, Tensor], to
     template.eval()
     try:
         with torch.no_grad(), parameters_kept(template):
-            return torch.cat([group({name: p[start:start + MEMBERS_PER_PASS] for name, p in params.items()})
-                              for start in range(0, n, MEMBERS_PER_PASS)]).cpu()
+            return [group({name: p[start:start + MEMBERS_PER_PASS] for name, p in params.items()})
+                    for start in range(0, n, MEMBERS_PER_PASS)]
     finally:
         template.train(was_training)
+
+
+def _first(tree, size: int):
+    """Every tensor of `tree` (dicts, lists, tuples) cut to its first `size` members."""
+    if isinstance(tree, dict):
+        return {k: _first(v, size) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_first(v, size) for v in tree)
+    return tree[:size]
+
+
+_CAPTURED: list[Tensor] = []
+
+
+def captured() -> list[Tensor]:
+    """What the hooks of `capture` took in the member's forward pass now running."""
+    return list(_CAPTURED)
+
+
+@contextlib.contextmanager
+def capture(modules: list[torch.nn.Module], pick: Callable[[Any], Tensor]):
+    """While the block runs, `pick(output)` of each of `modules`' forward passes is kept, in
+    the order they run, for `captured()` (a forward hook: under vmap the batched tensor)."""
+    handles = [m.register_forward_hook(lambda module, args, output: _CAPTURED.append(pick(output))) for m in modules]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        _CAPTURED.clear()
+
+
+def stacked_last_logits(template: torch.nn.Module, params: dict[str, Tensor], tokens: Int[Tensor, "rows seq"],
+                        classes: int) -> Float[Tensor, "n rows classes"]:
+    """Every member's logits at the last position of `tokens` (the same inputs for every
+    member) over the first `classes` classes, float64 on the CPU, without gradients."""
+    passes = stacked_forward(template, params, tokens, lambda logits, chunk: logits[:, -1, :classes].double())
+    return torch.cat([torch.cat(chunks, dim=1) for chunks in passes]).cpu()
 
 
 def grokking_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: list, task,
@@ -86,6 +130,33 @@ def composition_stacked(template: torch.nn.Module, params: dict[str, Tensor], mo
             for k, model in enumerate(models[:size])]
 
 
+def _attention_layers(template: torch.nn.Module) -> list[torch.nn.Module] | None:
+    """The attention modules of a TransformerLens native model, each returning (output,
+    pattern); None for any other module (its probes then run member by member)."""
+    layers = getattr(template, "layers", None)
+    attns = [getattr(layer, "attn", None) for layer in layers or []]
+    return attns if attns and all(getattr(a, "accepts_pattern_fn", False) for a in attns) else None
+
+
+def heads_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: list, task,
+                  thresholds: dict[str, float] | None = None) -> list[dict[str, Any]] | None:
+    """The heads probe (`probes.heads.heads_probe`) of every member: the forward pass on the
+    repeated tokens and the scores read from it (attention patterns, copy losses) vmapped over
+    the members, the weights' scores and the keys member by member. None where the template
+    is not a native model whose attention patterns can be read."""
+    attns = _attention_layers(template)
+    if attns is None:
+        return None
+    tokens, rep_len = head_tokens(task.vocab_size, task.n_ctx, task.bos)
+    with capture(attns, lambda output: output[1]):
+        passes = stacked_forward(template, params, tokens, lambda logits, chunk: forward_scores(
+            logits, captured(), chunk, rep_len))
+    reads = [{k: v[i] for k, v in chunk.items()} for (chunk,) in passes for i in range(len(chunk["first"]))]
+    return [head_probe_values(model, task.vocab_size, task.bos, task.n_ctx, thresholds, read=own)
+            for model, own in zip(models, reads)]
+
+
 #: probe name -> its form over stacked weights: (template, params, models, task, **options) -> values per member
 STACKED: dict[str, Callable[..., list[dict[str, Any]]]] = {"grokking": grokking_stacked,
-                                                           "composition": composition_stacked}
+                                                           "composition": composition_stacked,
+                                                           "heads": heads_stacked}

@@ -12,6 +12,7 @@ from phasewatch.models import ModelConfig, build_model, native_module
 from phasewatch.probes import stacked
 from phasewatch.probes.composition import composition_probe
 from phasewatch.probes.grokking import grokking_probe
+from phasewatch.probes.heads import heads_probe
 from phasewatch.tasks import make_task
 
 
@@ -68,6 +69,37 @@ def test_the_composition_probe_over_stacked_weights_is_each_members_own(normaliz
                 torch.testing.assert_close(values[key], value, equal_nan=True)
 
 
+@pytest.mark.parametrize("normalization", ["none", "LN"])
+def test_the_heads_probe_over_stacked_weights_is_each_members_own(monkeypatch, normalization):
+    """Three 2-layer members in passes of two (members 0-1, then 2 alone): every score, copy
+    loss, count and head list, with the thresholds option; a model whose attention patterns
+    cannot be read over stacked weights is left to run member by member (None)."""
+    task = make_task("induction", vocab_size=12, seq_len=11, max_len=5)
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        models.append(build_model(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=normalization == "none",
+                                              normalization=normalization), task))
+    template = copy.deepcopy(native_module(models[0]))
+    params = {name: torch.stack([dict(native_module(m).named_parameters())[name].detach() for m in models])
+              for name, _ in template.named_parameters()}
+    monkeypatch.setattr(stacked, "MEMBERS_PER_PASS", 2)
+    thresholds = {"prev_token": 0.3, "induction": 0.2}
+    together = stacked.heads_stacked(template, params, models, task, thresholds=thresholds)
+    assert together[0]["icl/loss_gap"] != together[1]["icl/loss_gap"]  # the members differ
+    for model, values in zip(models, together):
+        alone = heads_probe(model, task, thresholds=thresholds)
+        assert set(values) == set(alone)
+        for key, value in alone.items():
+            if isinstance(value, float):
+                assert math.isclose(values[key], value, rel_tol=1e-6, abs_tol=1e-9), key
+            elif isinstance(value, list):
+                assert values[key] == value, key
+            else:
+                torch.testing.assert_close(values[key], value)
+    assert stacked.heads_stacked(torch.nn.Linear(2, 2), {"weight": torch.zeros(3, 2, 2)}, models, task) is None
+
+
 def test_a_population_measures_a_stacked_probe_once_per_step_for_the_members_that_ask(monkeypatch):
     """The first member to ask at a step gets the probe measured for every member expected to
     ask; the others are handed theirs; one not expected is measured when it asks; a new step
@@ -88,7 +120,7 @@ def test_a_population_measures_a_stacked_probe_once_per_step_for_the_members_tha
     assert probes.values(1, "grokking", {}, 5) == {"member": id(models[1])} and calls == [2, 1]
     assert probes.values(0, "grokking", {"key_freqs": [1]}, 5)["key_freqs"] == [1] and calls == [2, 1, 2]
     assert probes.values(0, "grokking", {}, 6) == {"member": id(models[0])} and calls == [2, 1, 2, 2]
-    assert probes.values(0, "heads", {}, 6) is None  # (no stacked form)
+    assert probes.values(0, "llc", {}, 6) is None  # (no stacked form)
 
 
 def test_measure_switches_to_eval_only_for_a_probe_that_runs_on_the_model():
