@@ -50,9 +50,10 @@ class Signature:
     stage matches when every entry of `moves` is among its members and no entry of `absent` is;
     `run_has` (a regular expression) limits the signature to runs logging a matching key. Each
     `outpaces` pair (PATTERN, KEY): a member whose key matches PATTERN counts only where it
-    changes more in log10 than KEY over the member's own steps (`counts`). A signature names at
-    most one stage of a run; signatures declaring the same `sequence` name stages in their
-    declared order (`assign_names`).
+    changes more in log10 than KEY over the member's own steps; each `steady` pair (PATTERN,
+    KEY): only where most of its change came while KEY, what it is measured against, held one
+    value (`counts`). A signature names at most one stage of a run; signatures declaring the
+    same `sequence` name stages in their declared order (`assign_names`).
     """
 
     name: str
@@ -62,6 +63,7 @@ class Signature:
     source: str = ""
     sequence: str | None = None
     outpaces: tuple[tuple[str, str], ...] = ()
+    steady: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         for entry in self.moves + self.absent:
@@ -70,14 +72,21 @@ class Signature:
                 if len(parts) != 2 or parts[1] not in ("up", "down"):
                     raise ValueError(f"signature {self.name!r}: {alternative.strip()!r} is not 'PATTERN up|down'")
                 re.compile(parts[0])
-        for pattern, _ in self.outpaces:
+        for pattern, _ in self.outpaces + self.steady:
             re.compile(pattern)
 
     def counts(self, member: dict, series: dict) -> bool:
         """Whether a member (an event with `metric`, `direction`, `onset`, `end`) counts as a move
-        for this signature: unless an `outpaces` pattern matches its key, always; else only where
-        it changes, in its direction and in log10 from its onset to its end, by more than the
-        pair's KEY does (both series logged and positive there; where not, it counts)."""
+        for this signature: where a `steady` pattern matches its key, only if over half its
+        change (`_steady_share`) came between logged steps at which the pair's KEY had one value;
+        where an `outpaces` pattern matches, only if it changes, in its direction and in log10
+        from its onset to its end, by more than the pair's KEY does (both series logged and
+        positive there). A test whose series are not logged is passed."""
+        for pattern, reference in self.steady:
+            if re.fullmatch(pattern, member["metric"]):
+                share = _steady_share(series.get(member["metric"]), series.get(reference), member["onset"], member["end"])
+                if share is not None and share <= 0.5:
+                    return False
         for pattern, reference in self.outpaces:
             if re.fullmatch(pattern, member["metric"]):
                 own = _log_change(series.get(member["metric"]), member["onset"], member["end"])
@@ -333,6 +342,24 @@ def _log_change(data, onset: int, end: int) -> float | None:
         return None
     steps, values = points[0], np.log10(points[1])
     return _value_at(steps, values, end) - _value_at(steps, values, onset)
+
+
+def _steady_share(data, reference, onset: int, end: int) -> float | None:
+    """The share of a series' change from its last logged step at or before `onset` to its first
+    at or after `end` (in log10 where all its values there are positive) made between
+    consecutive logged steps at which `reference` (interpolated in steps) had one value; None
+    without both series or without a change."""
+    points, other = _points(data), _points(reference)
+    if points is None or other is None:
+        return None
+    steps, values = points
+    lo = max(int(np.searchsorted(steps, onset, "right")) - 1, 0)
+    hi = min(int(np.searchsorted(steps, end)), len(steps) - 1)
+    values = values[lo:hi + 1]
+    values = np.log10(values) if np.all(values > 0) else values
+    change, held = np.diff(values), np.diff(np.interp(steps[lo:hi + 1], *other)) == 0
+    total = float(change.sum())
+    return float(change[held].sum()) / total if total else None
 
 
 def stage_type(onset: int, end: int, series: dict) -> str | None:

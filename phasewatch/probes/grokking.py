@@ -244,6 +244,9 @@ _GROKKING_RUN = r"grok/restricted_loss"
 _TRAIN, _TEST = "train/acc up | train/loss down", ("val/acc up", "val/loss down")
 _CLEANING = "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up | grok/restricted_loss down"
 _NANDA = "Nanda et al. 2023"
+#: measured on each checkpoint's own key frequencies (`fit`), the restricted and excluded losses
+#: jump when the set changes: only their changes at one set count (docs/stages.md, Names)
+_STEADY = ((r"grok/(restricted|excluded)_loss", "grok/n_key_freqs"),)
 #: the three phases of Nanda et al. 2023 (section 5.1), by what moves in them and in their order
 #: (each at most once; docs/stages.md)
 STAGES = (
@@ -251,12 +254,12 @@ STAGES = (
               source="Nanda et al. 2023, sec. 5.1: first, the train loss falls while the test loss does not"),
     Signature("circuit formation", moves=("grok/restricted_loss down | grok/excluded_loss up",),
               absent=("train/acc up",) + _TEST, run_has=_GROKKING_RUN, sequence=_NANDA,
-              outpaces=(("grok/restricted_loss", "train/loss"),),
+              outpaces=(("grok/restricted_loss", "train/loss"),), steady=_STEADY,
               source="Nanda et al. 2023, sec. 5.1: after memorisation, the excluded loss rises and the restricted "
                      "loss falls (the weights shrinking smoothly) while the train and test loss stay: the "
                      "restricted loss falls faster than the train loss"),
     Signature("cleanup", moves=("val/loss down | val/acc up", _CLEANING),
-              absent=("train/acc up",), run_has=_GROKKING_RUN, sequence=_NANDA,
+              absent=("train/acc up",), run_has=_GROKKING_RUN, sequence=_NANDA, steady=_STEADY,
               source="Nanda et al. 2023, sec. 5.1: last, the test loss falls as the weight norm falls sharply, "
                      "the Gini coefficients rise and the restricted loss goes on falling"),
 )

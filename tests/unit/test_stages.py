@@ -393,3 +393,30 @@ def test_the_quickstarts_test_loss_collapse_is_in_cleanup():
     cleanup = stages[2]
     assert {("val/loss", "down"), ("val/acc", "up"), ("grok/weight_norm", "down")} <= set(members(cleanup))
     assert cleanup.end == 3092 and ("grok/excluded_loss", "up") in members(stages[1])
+
+
+def test_a_restricted_loss_jump_at_a_change_of_the_key_frequencies_is_no_circuit_formation():
+    """Measured on each checkpoint's own key frequencies (the live curves of `fit`), the
+    restricted loss drops when a frequency joins the set: quickstart_tiny seed 12 (qt16,
+    2026-11-27) has it fall 0.4 decades between steps 163 and 169 as `grok/n_key_freqs` goes from
+    2 to 3, named circuit formation, while Nanda et al. 2023 measure against the final key
+    frequencies, fixed. Only a change made mostly at one set counts (`Signature.steady`); the
+    same fall at a fixed set is circuit formation."""
+    import phasewatch.probes  # noqa: F401
+    from phasewatch.probes.keys import stage_rules
+
+    steps = np.arange(0, 901, 6)
+    restricted = 10 ** np.where(steps < 166, -0.1 - steps / 2000, -0.5 - steps / 2000)  # jumps at 166, slow fall
+    series = {"grok/restricted_loss": (steps, restricted), "grok/n_key_freqs": (steps, np.where(steps < 166, 2.0, 3.0)),
+              "train/loss": (steps, 10 ** (-1.5 - steps / 400))}
+    run = [event("train/acc", 35, "up"), event("train/loss", 40),
+           {"metric": "grok/restricted_loss", "direction": "down", "onset": 163, "midpoint": 166, "end": 169},
+           {"metric": "grok/n_key_freqs", "direction": "up", "onset": 163, "midpoint": 166, "end": 169},
+           event("val/acc", 420, "up"), event("val/loss", 450), event("grok/weight_norm", 430)]
+    assert [s.name for s in detect_stages(run, series, stage_rules())] == ["memorisation", None, "cleanup"]
+    fixed = {**series, "grok/n_key_freqs": (steps, np.full(len(steps), 3.0))}
+    assert [s.name for s in detect_stages(run, fixed, stage_rules())] == ["memorisation", "circuit formation", "cleanup"]
+    cf = next(s for s in stage_rules().signatures if s.name == "circuit formation")
+    slow = {"metric": "grok/restricted_loss", "direction": "down", "onset": 100, "end": 400}  # 0.15 decades steady, 0.4 at the jump
+    assert not cf.counts(slow, {**series, "train/loss": (steps, np.ones(len(steps)))})
+    assert cf.counts({**slow, "onset": 200, "end": 800}, {**series, "train/loss": (steps, np.ones(len(steps)))})
