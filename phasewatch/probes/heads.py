@@ -41,7 +41,7 @@ def induction_score(pattern: Float[Tensor, "batch head q k"], rep_len: int) -> F
 def duplicate_token_score(pattern: Float[Tensor, "batch head q k"], tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "head"]:
     n = tokens.shape[1]
     same = tokens[:, :, None] == tokens[:, None, :]
-    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)
+    earlier = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril(-1)
     dup = same & earlier  # (batch, q, k)
     has = dup.any(-1)  # queries with an earlier duplicate
     mass = (pattern * dup[:, None].to(pattern.dtype)).sum(-1)  # (batch, head, q)
