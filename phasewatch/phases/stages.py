@@ -52,7 +52,7 @@ class Signature:
     `outpaces` pair (PATTERN, KEY): a member whose key matches PATTERN counts only where it
     changes more in log10 than KEY over the member's own steps; each `steady` pair (PATTERN,
     KEY): only where most of its change came while KEY, what it is measured against, held one
-    value (`counts`). A signature names at most one stage of a run; signatures declaring the
+    value, and then by that part alone (`counts`). A signature names at most one stage of a run; signatures declaring the
     same `sequence` name stages in their declared order (`assign_names`).
     """
 
@@ -77,20 +77,23 @@ class Signature:
 
     def counts(self, member: dict, series: dict) -> bool:
         """Whether a member (an event with `metric`, `direction`, `onset`, `end`) counts as a move
-        for this signature: where a `steady` pattern matches its key, only if over half its
-        change (`_steady_share`) came between logged steps at which the pair's KEY had one value;
-        where an `outpaces` pattern matches, only if it changes, in its direction and in log10
-        from its onset to its end, by more than the pair's KEY does (both series logged and
-        positive there). A test whose series are not logged is passed."""
+        for this signature, its change measured in log10 from its onset to its end
+        (`_log_change`): where a `steady` pattern matches its key, only if over half that change
+        came between logged steps at which the pair's KEY had one value, and from then on its
+        change is that part; where an `outpaces` pattern matches, only if its change, in its
+        direction, is larger than the pair's KEY's. A test whose series are not logged (or not
+        positive) is passed."""
+        data, onset, end = series.get(member["metric"]), member["onset"], member["end"]
+        own = _log_change(data, onset, end)
         for pattern, reference in self.steady:
-            if re.fullmatch(pattern, member["metric"]):
-                share = _steady_share(series.get(member["metric"]), series.get(reference), member["onset"], member["end"])
-                if share is not None and share <= 0.5:
+            if re.fullmatch(pattern, member["metric"]) and own:
+                steady = _log_change(data, onset, end, series.get(reference))
+                if steady is not None and steady / own <= 0.5:
                     return False
+                own = steady
         for pattern, reference in self.outpaces:
             if re.fullmatch(pattern, member["metric"]):
-                own = _log_change(series.get(member["metric"]), member["onset"], member["end"])
-                other = _log_change(series.get(reference), member["onset"], member["end"])
+                other = _log_change(series.get(reference), onset, end)
                 if own is not None and other is not None:
                     sign = 1.0 if member["direction"] == "up" else -1.0
                     return sign * own > sign * other
@@ -334,32 +337,25 @@ def _relative_change(data, onset: int, end: int) -> float | None:
     return (_value_at(steps, values, end) - _value_at(steps, values, onset)) / float(np.ptp(values))
 
 
-def _log_change(data, onset: int, end: int) -> float | None:
+def _log_change(data, onset: int, end: int, held=None) -> float | None:
     """A positive series' change in log10 from `onset` to `end` (interpolated in log-step);
-    None without two positive values."""
+    with `held` (a series), less its changes between consecutive logged steps at which `held`
+    (interpolated in steps) differs, the part of each within `onset`-`end`. None without two
+    positive values."""
     points = _points(data, positive=True)
     if points is None:
         return None
     steps, values = points[0], np.log10(points[1])
-    return _value_at(steps, values, end) - _value_at(steps, values, onset)
-
-
-def _steady_share(data, reference, onset: int, end: int) -> float | None:
-    """The share of a series' change from its last logged step at or before `onset` to its first
-    at or after `end` (in log10 where all its values there are positive) made between
-    consecutive logged steps at which `reference` (interpolated in steps) had one value; None
-    without both series or without a change."""
-    points, other = _points(data), _points(reference)
-    if points is None or other is None:
-        return None
-    steps, values = points
-    lo = max(int(np.searchsorted(steps, onset, "right")) - 1, 0)
-    hi = min(int(np.searchsorted(steps, end)), len(steps) - 1)
-    values = values[lo:hi + 1]
-    values = np.log10(values) if np.all(values > 0) else values
-    change, held = np.diff(values), np.diff(np.interp(steps[lo:hi + 1], *other)) == 0
-    total = float(change.sum())
-    return float(change[held].sum()) / total if total else None
+    change = _value_at(steps, values, end) - _value_at(steps, values, onset)
+    other = _points(held)
+    if other is not None:
+        t = np.log10(np.maximum(steps, 1.0))
+        lo, hi = math.log10(max(onset, 1)), math.log10(max(end, 1))
+        for k in np.nonzero(np.diff(np.interp(steps, *other)) != 0)[0]:
+            part = min(t[k + 1], hi) - max(t[k], lo)
+            if part > 0 and t[k + 1] > t[k]:
+                change -= (values[k + 1] - values[k]) * part / (t[k + 1] - t[k])
+    return change
 
 
 def stage_type(onset: int, end: int, series: dict) -> str | None:

@@ -420,3 +420,8 @@ def test_a_restricted_loss_jump_at_a_change_of_the_key_frequencies_is_no_circuit
     slow = {"metric": "grok/restricted_loss", "direction": "down", "onset": 100, "end": 400}  # 0.15 decades steady, 0.4 at the jump
     assert not cf.counts(slow, {**series, "train/loss": (steps, np.ones(len(steps)))})
     assert cf.counts({**slow, "onset": 200, "end": 800}, {**series, "train/loss": (steps, np.ones(len(steps)))})
+    # over 50-900 the restricted loss falls 0.825 decades, 0.425 of them at one set: more than
+    # half, but it outpaces a train loss falling 0.6 decades only with the jump (qt16 m05)
+    train = (steps, 10 ** (-1.5 - 0.6 * (steps - 50) / 850))
+    assert not cf.counts({**slow, "onset": 50, "end": 900}, {**series, "train/loss": train})
+    assert cf.counts({**slow, "onset": 50, "end": 900}, {**fixed, "train/loss": train})
