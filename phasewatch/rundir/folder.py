@@ -303,7 +303,8 @@ class RunFolder:
         import yaml
 
         self.require_config()
-        return yaml.safe_load(self.config.read_text()) or {}
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser: ~10x faster, the same values
+        return yaml.load(self.config.read_text(), Loader=loader) or {}
 
     def snapshot(self) -> dict[str, int]:
         """Sizes of the append-only files now: what a checkpoint records, so that a resume
