@@ -7,16 +7,21 @@ keeps checkpoints on its schedule and draws its progress bar (W&B off). Start-up
 are timed from step WARMUP to the end of training. Reported as a ratio measured in the
 same process, the median of several alternating repeats (target: >= 0.9).
 
-    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse] [--proxy]
+    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse] [--proxy] [--parts] [--calls]
 
 `--proxy`: the model shrunk until its arithmetic costs almost nothing (baseline_setup.PROXY_*),
 on one thread, so that what is compared is the host's work per step (the CPU proxy of a GPU);
 then the process's CPU time is reported too (robust on a machine that others share).
+`--parts`: `fit` three ways (`parts`): as it always runs, without probes, and the step itself
+(no probes, no watcher, no live report). `--calls`: Python function calls per step (cProfile,
+step WARMUP to the end), a measure of host work that another process's load cannot change.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import statistics
 import sys
@@ -31,6 +36,24 @@ CONFIGS = {"quickstart": "configs/quickstart.yaml", "induction": "configs/induct
            "reverse": "configs/reverse.yaml", "digits": "configs/digit_addition.yaml"}
 VAL_EVERY = 25
 WARMUP = 50
+#: what `fit` runs in each row of --parts (`parts`): everything (the default probes on their
+#: schedule, the live watcher, the live report, checkpoints, logging, the progress bar); the same
+#: without probes; the step itself (no probes, no watcher, no live report: logging, validation,
+#: checkpoints and the progress bar as always)
+WITHOUT_PROBES = ["--probes.names", "[]"]
+WITHOUT_WATCHER = ["--transitions.every_n_validations", "1000000000", "--report.every_n_validations", "0"]
+
+
+def parts() -> dict[str, list[str]]:
+    """The rows of --parts and their flags (a watcher that also looks on a grid of steps of its
+    own, `looks`, is given none)."""
+    import inspect
+
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    grid = ["--transitions.looks", "0"] if "looks" in inspect.signature(TransitionWatcher).parameters else []
+    return {"as always": [], "without probes": WITHOUT_PROBES,
+            "the step itself": [*WITHOUT_PROBES, *WITHOUT_WATCHER, *grid]}
 
 
 class StepTimer:
@@ -41,6 +64,8 @@ class StepTimer:
     elapsed: float | None = None
     cpu: float | None = None
 
+    profile = None  # a cProfile.Profile enabled over the same steps (--calls)
+
     @classmethod
     def callback(cls):
         import lightning.pytorch as pl
@@ -49,11 +74,26 @@ class StepTimer:
             def on_train_batch_start(self, trainer, *args):
                 if trainer.global_step == WARMUP:
                     cls.started, cls.cpu = time.perf_counter(), time.process_time()
+                    if cls.profile is not None:
+                        cls.profile.enable()
 
             def on_train_end(self, trainer, *args):
+                if cls.profile is not None:
+                    cls.profile.disable()
                 cls.elapsed, cls.cpu = time.perf_counter() - cls.started, time.process_time() - cls.cpu
 
         return _Timer()
+
+
+def calls_per_step(run, steps: int) -> float:
+    """Python function calls (cProfile's count, built-in functions included) per step from step
+    WARMUP to the end, of `run(profile)`, which enables `profile` over those steps."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    run(profile)
+    return pstats.Stats(profile).total_calls / (steps - WARMUP)
 
 
 def fit_seconds(config: str, steps: int, flags: list[str] = ()) -> tuple[float, float]:
@@ -68,8 +108,9 @@ def fit_seconds(config: str, steps: int, flags: list[str] = ()) -> tuple[float, 
     return StepTimer.elapsed, StepTimer.cpu
 
 
-def loop_seconds(config: str, steps: int, flags: list[str] = ()) -> tuple[float, float]:
-    """The same model, data, optimizer and validation, in a plain PyTorch loop: wall and CPU time."""
+def loop_seconds(config: str, steps: int, flags: list[str] = (), profile=None) -> tuple[float, float]:
+    """The same model, data, optimizer and validation, in a plain PyTorch loop: wall and CPU time
+    (`profile`: a cProfile.Profile enabled over the timed steps)."""
     import torch.nn.functional as F
 
     from baseline_setup import build_from_config
@@ -88,6 +129,8 @@ def loop_seconds(config: str, steps: int, flags: list[str] = ()) -> tuple[float,
     for step in range(steps):
         if step == WARMUP:
             t0, cpu = time.perf_counter(), time.process_time()
+            if profile is not None:
+                profile.enable()
         batch = task.train_batch(step, batch_size)
         logits = model(batch.tokens)
         loss = F.cross_entropy(logits[batch.loss_mask].to(module.loss_dtype), batch.targets[batch.loss_mask])
@@ -100,7 +143,22 @@ def loop_seconds(config: str, steps: int, flags: list[str] = ()) -> tuple[float,
                 for vb in val:
                     vl = model(vb.tokens)
                     F.cross_entropy(vl[vb.loss_mask].to(module.loss_dtype), vb.targets[vb.loss_mask]).item()
+    if profile is not None:
+        profile.disable()
     return time.perf_counter() - t0, time.process_time() - cpu
+
+
+def fit_calls(config: str, steps: int, flags: list[str]) -> float:
+    """`calls_per_step` of `phasewatch fit`."""
+    def run(profile):
+        StepTimer.profile = profile
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                fit_seconds(config, steps, flags)
+        finally:
+            StepTimer.profile = None
+
+    return calls_per_step(run, steps)
 
 
 def main() -> int:
@@ -109,6 +167,8 @@ def main() -> int:
     ap.add_argument("--config", choices=sorted(CONFIGS), default="quickstart")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--proxy", action="store_true", help="the model shrunk, on one thread: host work per step")
+    ap.add_argument("--parts", action="store_true", help="fit three ways: as always, without probes, the step itself")
+    ap.add_argument("--calls", action="store_true", help="also Python function calls per step (load-independent)")
     a = ap.parse_args()
     from baseline_setup import proxy_flags
 
@@ -116,18 +176,29 @@ def main() -> int:
     flags = proxy_flags(args) if a.proxy else []
     if a.proxy:
         torch.set_num_threads(1)
-    fit, loop = [], []
-    for _ in range(a.repeats):  # alternate, so drift in machine load hits both
-        loop.append(loop_seconds(args, a.steps, flags))
-        fit.append(fit_seconds(args, a.steps, flags))
+    rows = parts() if a.parts else {"as always": []}
+    fit: dict[str, list] = {name: [] for name in rows}
+    loop: list[tuple[float, float]] = []
+    for _ in range(a.repeats):  # alternate, so drift in machine load hits every row alike
+        for name, extra in rows.items():
+            loop.append(loop_seconds(args, a.steps, flags))
+            fit[name].append(fit_seconds(args, a.steps, [*flags, *extra]))
     n = a.steps - WARMUP
+    where = f"config {a.config}{' (proxy)' if a.proxy else ''}, {a.steps} steps, {torch.get_num_threads()} threads"
     for i, what in enumerate(("wall", "CPU")):
-        fit_rate = statistics.median(n / f[i] for f in fit)
         loop_rate = statistics.median(n / f[i] for f in loop)
-        print(f"\nconfig {a.config}{' (proxy)' if a.proxy else ''}, {what} time: hand-written loop {loop_rate:.1f} "
-              f"steps/s ({1e3 / loop_rate:.2f} ms a step), phasewatch fit {fit_rate:.1f} steps/s "
-              f"({1e3 / fit_rate:.2f} ms), ratio {fit_rate / loop_rate:.2f} (target >= 0.9) on "
-              f"{torch.get_num_threads()} threads", file=sys.stderr)
+        print(f"\n{where}, {what} time: hand-written loop {loop_rate:.1f} steps/s ({1e3 / loop_rate:.2f} ms a step)",
+              file=sys.stderr)
+        for name, runs in fit.items():
+            fit_rate = statistics.median(n / f[i] for f in runs)
+            print(f"  phasewatch fit, {name}: {fit_rate:.1f} steps/s ({1e3 / fit_rate:.2f} ms), ratio "
+                  f"{fit_rate / loop_rate:.2f} (target >= 0.9)", file=sys.stderr)
+    if a.calls:
+        loop_calls = calls_per_step(lambda profile: loop_seconds(args, a.steps, flags, profile), a.steps)
+        print(f"\n{where}, Python calls per step: hand-written loop {loop_calls:.0f}", file=sys.stderr)
+        for name, extra in rows.items():
+            calls = fit_calls(args, a.steps, [*flags, *extra])
+            print(f"  phasewatch fit, {name}: {calls:.0f} ({calls / loop_calls:.2f}x the loop's)", file=sys.stderr)
     return 0
 
 
