@@ -199,7 +199,7 @@ def _measure_every_checkpoint(folder: RunFolder, plan: _Plan, replace: bool, pro
         events = record_transitions(folder, keys)
         if wandb_logger:
             for event in events:
-                wandb_logger.log_event(event, alert=False)  # found after training: no alert
+                wandb_logger.log_event(event)
         ok = True
     finally:
         if wandb_logger:

@@ -58,9 +58,6 @@ def offline_hint(folder: RunFolder, wandb_dir: Path | None = None) -> str:
 #: the columns of the run's events table (summary key `transitions/events`); an event lacking one leaves it empty
 EVENT_COLUMNS = ("stage", "metric", "direction", "onset", "midpoint", "end", "magnitude", "detected_at", "kind",
                  "confidence", "reason")
-#: at most this many W&B alerts per run (one per headline series and direction at most)
-MAX_ALERTS = 5
-
 
 #: the columns of the run's stages table (summary key `stages/table`): each stage's latest news
 STAGE_COLUMNS = ("id", "said", "name", "onset", "midpoint", "end", "lead", "type", "moved")
@@ -103,7 +100,6 @@ class SafeWandbLogger(WandbLogger):
 
             self._wandb_init["settings"] = wandb.Settings(silent=True)
         self._rows: list[list] = []  # the events table so far
-        self._alerted: set[tuple[str, str]] = set()
         self._stages: dict[int, list] = {}  # stage id -> its row of the stages table
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -127,7 +123,7 @@ class SafeWandbLogger(WandbLogger):
                 values = {k: math.nan if v is None else v for k, v in record.items() if k != "step"}
                 self.log_metrics(values, step=record["step"])
         for event in self.folder.read_events():
-            self.log_event(event, alert=False)
+            self.log_event(event)
 
     def _guard(self, fn, *args: Any, **kwargs: Any) -> Any:
         if self._failed:
@@ -161,14 +157,12 @@ class SafeWandbLogger(WandbLogger):
     def after_save_checkpoint(self, checkpoint_callback):
         return self._guard(super().after_save_checkpoint, checkpoint_callback)
 
-    def log_event(self, event: dict, alert: bool = True) -> None:
+    def log_event(self, event: dict) -> None:
         """A live event (onset, confirmed, withdrawn; docs/phases.md) into the run's events table
         (summary key `transitions/events`, every event so far); a confirmed transition also into
-        the summary (`transition_summary`: the latest of each series and direction), and, for a
-        headline series, a W&B alert (at most one per series and direction, `MAX_ALERTS` per run)."""
+        the summary (`transition_summary`: the latest of each series and direction). No alert: a
+        run's alerts are its stages' (`log_stage`)."""
         import wandb
-
-        from phasewatch.probes.keys import headline_keys
 
         self._rows.append(event_row(event))
         table = wandb.Table(columns=list(EVENT_COLUMNS), data=[list(r) for r in self._rows], allow_mixed_types=True)
@@ -176,15 +170,6 @@ class SafeWandbLogger(WandbLogger):
         if event.get("stage", "confirmed") != "confirmed":  # onsets and withdrawals have no midpoint, end, magnitude
             return
         self._guard(lambda: self.experiment.summary.update(transition_summary(event)))
-        key = (event["metric"], event["direction"])
-        if alert and event["metric"] in headline_keys() and key not in self._alerted and len(self._alerted) < MAX_ALERTS:
-            self._alerted.add(key)
-            self._guard(lambda: self.experiment.alert(
-                title=f"phase transition in {event['metric']}",
-                text=(f"{event['metric']} went {event['direction']} by {event['magnitude']:.4g} from step "
-                      f"{event['onset']} to {event['end']} (midpoint {event['midpoint']}; seen at step "
-                      f"{event.get('detected_at', '?')})"),
-                level=wandb.AlertLevel.INFO))
 
     def log_stage(self, what: str, stage) -> None:
         """A stage's news (the watcher's `stage_news`: "begins", "confirmed", "withdrawn") into the

@@ -99,10 +99,12 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
     # said there would be withdrawn at once (this run's val/acc and val/seq_acc were)
     assert not [e for e in everything if e["stage"] == "onset" and e["detected_at"] == 300]
     assert all(e["onset"] <= e["midpoint"] <= e["end"] <= e["detected_at"] for e in events)
-    # a confirmed transition that had an onset event had it earlier, from the same series
+    # a confirmed transition that had an onset event had it earlier, from the same series (an
+    # onset that began after its end is the next change's: with looks between validations it
+    # can be said soon after the confirmation)
     for e in events:
         onsets = [o for o in everything if o["stage"] == "onset" and o["metric"] == e["metric"]
-                  and o["direction"] == e["direction"] and e["onset"] / 1.5 <= o["onset"] <= e["end"] * 1.5]
+                  and o["direction"] == e["direction"] and e["onset"] / 1.5 <= o["onset"] <= e["end"]]
         assert all(o["detected_at"] < e["detected_at"] for o in onsets)
     # adaptive resolution: checkpoints and probe values off the probes' schedule exist only on the
     # watcher's dense grid, while some onset was pending (from its step to 3 x it at most)
@@ -142,22 +144,16 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
     assert table["columns"][:3] == ["stage", "metric", "direction"]
     assert [row[:4] for row in table["data"]] == [[e["stage"], e["metric"], e["direction"], e["onset"]]
                                                    for e in everything]
-    # an alert for the first confirmed transition of each headline series and direction (val/loss, ...), no other
+    # the alerts are the stages': one per stage said confirmed (the stages table's rows), each
+    # with its summary; none per series, though headline series were confirmed
     from phasewatch.probes.keys import headline_keys
-    first = []
-    for e in events:
-        if e["metric"] in headline_keys() and (e["metric"], e["direction"]) not in [(m, d) for m, d, _ in first]:
-            first.append((e["metric"], e["direction"], e["midpoint"]))
-    alerts = wandb_records.alerts(offline)
-    sent = [a for a in alerts if a["title"].startswith("phase transition in ")]
-    assert first and [a["title"] for a in sent] == [f"phase transition in {m}" for m, _, _ in first[:5]]
-    assert all(f"midpoint {mid}" in a["text"] for a, (_, _, mid) in zip(sent, first))
-    # and one per confirmed stage (the stages table's rows said confirmed), the rest of the alerts
-    has_stages = "stages/table" in wandb_records.summary(offline)
-    stages = wandb_records.summary_table(offline, "stages/table")["data"] if has_stages else []
+    assert any(e["metric"] in headline_keys() for e in events)
+    stages = wandb_records.summary_table(offline, "stages/table")["data"]
     confirmed = [row for row in stages if row[1] == "confirmed"]
-    assert sorted(a["title"] for a in alerts if a not in sent) == sorted(
+    alerts = wandb_records.alerts(offline)
+    assert confirmed and sorted(a["title"] for a in alerts) == sorted(
         f"stage {row[0]} {row[2] or '(unnamed)'}" for row in confirmed)
+    assert all(a["text"].startswith(" ".join(a["title"].split()[:2]) + " ") for a in alerts)
     info = wandb_records.run_info(offline)
     assert info["id"] == (run / "wandb_id").read_text().strip() and info["name"] == "run"
     assert info["config"]["model"]["weight_decay"] == 0.1
