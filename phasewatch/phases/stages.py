@@ -52,8 +52,11 @@ class Signature:
     `outpaces` pair (PATTERN, KEY): a member whose key matches PATTERN counts only where it
     changes more in log10 than KEY over the member's own steps; each `steady` pair (PATTERN,
     KEY): only where most of its change came while KEY, what it is measured against, held one
-    value, and then by that part alone (`counts`). A signature names at most one stage of a run; signatures declaring the
-    same `sequence` name stages in their declared order (`assign_names`).
+    value, and then by that part alone (`counts`). Each `during` entry (as `moves`) names
+    moves that count for `moves` also where the series changes so over the stage's span by
+    `MOVE` of its range, a member or not (`spanned`). A signature names at most one stage of a
+    run; signatures declaring the same `sequence` name stages in their declared order
+    (`assign_names`).
     """
 
     name: str
@@ -64,9 +67,10 @@ class Signature:
     sequence: str | None = None
     outpaces: tuple[tuple[str, str], ...] = ()
     steady: tuple[tuple[str, str], ...] = ()
+    during: tuple[str, ...] = ()
 
     def __post_init__(self):
-        for entry in self.moves + self.absent:
+        for entry in self.moves + self.absent + self.during:
             for alternative in entry.split(" | "):
                 parts = alternative.split()
                 if len(parts) != 2 or parts[1] not in ("up", "down"):
@@ -104,12 +108,26 @@ class Signature:
         return any(re.fullmatch(pattern, key) and direction == d
                    for pattern, d in alternatives for key, direction in moved)
 
-    def matches(self, moved: set[tuple[str, str]], keys: Iterable[str] = ()) -> bool:
+    def matches(self, moved: set[tuple[str, str]], keys: Iterable[str] = (),
+                spanned: set[tuple[str, str]] = frozenset()) -> bool:
         """Whether a stage whose members moved so ((key, direction) pairs) matches, in a run
-        logging `keys`."""
+        logging `keys`; `spanned`: the `during` moves of its series over its span (`spanned`)."""
         if self.run_has is not None and not any(re.fullmatch(self.run_has, k) for k in keys):
             return False
-        return all(self._has(e, moved) for e in self.moves) and not any(self._has(e, moved) for e in self.absent)
+        return (all(self._has(e, moved | spanned) for e in self.moves)
+                and not any(self._has(e, moved) for e in self.absent))
+
+    def spanned(self, series: dict, onset: int, end: int) -> set[tuple[str, str]]:
+        """The moves of `during` that the series make from `onset` to `end`: a change in the
+        entry's direction by `MOVE` of the series' range or more (`_relative_change`)."""
+        found = set()
+        for entry in self.during:
+            for pattern, direction in (a.split() for a in entry.split(" | ")):
+                for key in (k for k in series if re.fullmatch(pattern, k)):
+                    change = _relative_change(series[key], onset, end)
+                    if change is not None and (change if direction == "up" else -change) >= MOVE:
+                        found.add((key, direction))
+        return found
 
 
 def _first_part(key: str) -> str:
@@ -379,20 +397,23 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
                  fixed: dict[int, str | None] | None = None, series: dict | None = None) -> list[str | None]:
     """The names of a run's stages (each a list of members, in time order), assigned over the
     whole sequence: each stage takes the name of a signature it matches (its members that count,
-    `Signature.counts` on `series`) or none; a signature
-    names at most one stage, and the signatures of one `sequence` name stages in their declared
-    order. Of the assignments, the one naming most stages; of those, the one naming earlier
-    stages, then giving a stage the signature with more `moves` entries, then the one declared
-    first (docs/stages.md, Names). `fixed`: stage index -> its name, kept as it is (a stage
+    `Signature.counts` on `series`, and its series' `during` moves over its span) or none; a
+    signature names at most one stage, and the signatures of one `sequence` name stages in their
+    declared order. Of the assignments, the one naming most stages; of those, the one naming
+    most by their members alone; then the one naming earlier stages, then giving a stage the
+    signature with more `moves` entries, then the one declared first (docs/stages.md, Names). `fixed`: stage index -> its name, kept as it is (a stage
     already said, live)."""
     keys, fixed, series = list(keys), fixed or {}, series or {}
     order = {s.name: k for k, s in enumerate(rules.signatures)}
     sequences = sorted({s.sequence for s in rules.signatures if s.sequence is not None})
-    matched = [[s for s in rules.signatures
-                if s.matches({(m["metric"], m["direction"]) for m in members if s.counts(m, series)}, keys)]
-               for members in stages]
+    matched, strong = [], []
+    for members in stages:
+        span = (min(m["onset"] for m in members), max(m["end"] for m in members)) if members else (0, 0)
+        moved = {s.name: {(m["metric"], m["direction"]) for m in members if s.counts(m, series)} for s in rules.signatures}
+        matched.append([s for s in rules.signatures if s.matches(moved[s.name], keys, s.spanned(series, *span))])
+        strong.append({s.name for s in matched[-1] if s.matches(moved[s.name], keys)})
     for i, name in fixed.items():
-        matched[i] = [s for s in rules.signatures if s.name == name]
+        matched[i], strong[i] = [s for s in rules.signatures if s.name == name], {name}
     sequence_of = {s.name: s.sequence for s in rules.signatures}
     held = set(fixed.values())
 
@@ -411,23 +432,24 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
         """(count, named flags, preferences, names) for stages i.. given the names used and the
         last declared position taken in each sequence."""
         if i == len(stages):
-            return 0, (), (), ()
+            return 0, 0, (), (), ()
         if (i, used, last) not in memo:
             options = []
             if fixed.get(i) is None or not matched[i]:
-                count, flags, ranks, names = best(i + 1, used, last)
-                options.append((count, (0,) + flags, ((0, 0),) + ranks, (None,) + names))
+                count, members, flags, ranks, names = best(i + 1, used, last)
+                options.append((count, members, (0,) + flags, ((0, 0),) + ranks, (None,) + names))
             for sig in matched[i]:
                 if not allowed(i, sig, used, last):
                     continue
                 slot = sequences.index(sig.sequence) if sig.sequence is not None else None
                 after = last if slot is None else last[:slot] + (order[sig.name],) + last[slot + 1:]
-                count, flags, ranks, names = best(i + 1, used | {sig.name}, after)
-                options.append((count + 1, (1,) + flags, ((len(sig.moves), -order[sig.name]),) + ranks, (sig.name,) + names))
-            memo[i, used, last] = max(options, key=lambda o: o[:3])
+                count, members, flags, ranks, names = best(i + 1, used | {sig.name}, after)
+                options.append((count + 1, members + (sig.name in strong[i]), (1,) + flags,
+                                ((len(sig.moves), -order[sig.name]),) + ranks, (sig.name,) + names))
+            memo[i, used, last] = max(options, key=lambda o: o[:4])
         return memo[i, used, last]
 
-    return list(best(0, frozenset(), (-1,) * len(sequences))[3])
+    return list(best(0, frozenset(), (-1,) * len(sequences))[4])
 
 
 def _midpoint(members: list[dict], series: dict) -> int:

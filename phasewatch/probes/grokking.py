@@ -260,6 +260,7 @@ STAGES = (
                      "restricted loss falls faster than the train loss"),
     Signature("cleanup", moves=("val/loss down | val/acc up", _CLEANING),
               absent=("train/acc up",), run_has=_GROKKING_RUN, sequence=_NANDA, steady=_STEADY,
+              during=("grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up",),
               source="Nanda et al. 2023, sec. 5.1: last, the test loss falls as the weight norm falls sharply, "
                      "the Gini coefficients rise and the restricted loss goes on falling"),
 )

@@ -425,3 +425,27 @@ def test_a_restricted_loss_jump_at_a_change_of_the_key_frequencies_is_no_circuit
     train = (steps, 10 ** (-1.5 - 0.6 * (steps - 50) / 850))
     assert not cf.counts({**slow, "onset": 50, "end": 900}, {**series, "train/loss": train})
     assert cf.counts({**slow, "onset": 50, "end": 900}, {**fixed, "train/loss": train})
+
+
+def test_cleanup_reads_a_slow_weight_norm_fall_from_the_series_and_prefers_member_evidence():
+    """Nanda et al. 2023 (sec. 5.1) mark cleanup by the test loss falling as the weight norm falls;
+    on quickstart_tiny the weight norm's fall is slow, a trend to the detector and no member (qt16
+    seeds 0 and 6, 2026-11-27: their test-loss stages went unnamed). A `during` move counts where
+    the series changes so by `MOVE` of its range over the stage's span; a flat weight norm gives
+    none. Where an earlier stage matches only so and a later one by its members, the later is
+    cleanup (qt16 seed 1: a small early test-loss fall against the grokking stage)."""
+    import phasewatch.probes  # noqa: F401
+    from phasewatch.probes.keys import stage_rules
+
+    steps = np.arange(0, 901, 10)
+    falling = {"grok/restricted_loss": (steps, np.full(len(steps), 0.5)),
+               "grok/weight_norm": (steps, 1200 - 0.5 * np.clip(steps - 100, 0, None))}  # 1,200 -> 800 over 100-900
+    flat_norm = {**falling, "grok/weight_norm": (steps, np.full(len(steps), 1200.0))}
+    memorise = [event("train/acc", 35, "up"), event("train/loss", 40)]
+    test_fall = [event("val/loss", 300, decades=0.4), event("val/acc", 320, "up", decades=0.4)]
+    assert [s.name for s in detect_stages(memorise + test_fall, falling, stage_rules())] == ["memorisation", "cleanup"]
+    assert [s.name for s in detect_stages(memorise + test_fall, flat_norm, stage_rules())] == ["memorisation", None]
+    early = [event("val/loss", 150, decades=0.4)]  # the weight norm falls 0.17 of its range over 95-238
+    grokking = [event("val/acc", 600, "up", decades=0.2), event("grok/gini_neuron_logit", 600, "up", decades=0.2)]
+    stages = detect_stages(memorise + early + grokking, falling, stage_rules())
+    assert [s.name for s in stages] == ["memorisation", None, "cleanup"] and stages[2].midpoint == 600
