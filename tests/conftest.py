@@ -36,12 +36,18 @@ def pytest_collection_modifyitems(config, items):
     if any(not item.nodeid.startswith("tests/unit/") or CAPTURING & set(getattr(item, "fixturenames", ()))
            for item in items):
         import lightning.pytorch  # noqa: F401
-    if config.getoption("--runslow"):
-        return
-    skip = pytest.mark.skip(reason="slow: pass --runslow to run")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    runslow = config.getoption("--runslow")
+    if not runslow:
+        skip = pytest.mark.skip(reason="slow: pass --runslow to run")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
+    # the forkserver of warm `phasewatch` processes imports in the background while other tests run
+    if any("warm_phasewatch" in getattr(item, "fixturenames", ()) and (runslow or "slow" not in item.keywords)
+           for item in items):
+        from integration import warm
+
+        warm.ensure_server()
 
 
 def in_ci() -> bool:
@@ -111,3 +117,13 @@ def trained_small_model():
         loss.backward()
         opt.step()
     return model, task
+
+
+@pytest.fixture(scope="session")
+def warm_phasewatch():
+    """tests/integration/warm.py: `python -m phasewatch ARGS` as child processes forked from a
+    server that imported phasewatch and its libraries once (started at collection)."""
+    from integration import warm
+
+    warm.ensure_server()
+    return warm

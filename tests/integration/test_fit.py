@@ -4,8 +4,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import yaml
 from phasewatch.cli.main import main
 from phasewatch.rundir import read_jsonl
 
-from . import wandb_records
+from . import wandb_records, warm
 
 TINY = ["--model.arch.d_model", "16", "--model.arch.n_heads", "2", "--model.arch.d_head", "8",
         "--model.arch.d_mlp", "32", "--trainer.enable_progress_bar", "false"]
@@ -82,38 +80,38 @@ RESUME_CHECKPOINTS = ["--checkpoints.last_every", "20", "--checkpoints.schedule.
                       "--checkpoints.schedule.steps", "[0]"]
 
 
-def _subprocess_fit(run_dir, *extra, wandb=False):
-    cmd = [sys.executable, "-m", "phasewatch", "fit", *TASKS["modular_addition"], "--run_dir", str(run_dir),
-           "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps", "5",
-           *RESUME_CHECKPOINTS, *([] if wandb else ["--no_wandb"]), *TINY, *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=wandb_records.offline_env() if wandb else None)
+def _warm_fit(run_dir, *extra):
+    """The run as its own `python -m phasewatch fit` process (warm: tests/integration/warm.py),
+    with an offline W&B run."""
+    args = ["fit", *TASKS["modular_addition"], "--run_dir", run_dir, "--trainer.max_steps", STEPS,
+            "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps", "5", *RESUME_CHECKPOINTS, *TINY, *extra]
+    return warm.start(args, Path(f"{run_dir}.out"), env=wandb_records.offline_env())
 
 
-def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path):
+def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path, warm_phasewatch):
     """Killed mid-run and resumed from last.ckpt, with W&B offline: the run folder and the W&B
     history that `wandb sync` uploads (the newest offline file, README) equal an uninterrupted
-    run's, step by step."""
+    run's, step by step. Each run is a process of its own (the uninterrupted one alongside)."""
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    proc = _subprocess_fit(killed, wandb=True)
+    proc = _warm_fit(killed)
+    uninterrupted = _warm_fit(whole)
     deadline = time.time() + 300
     while time.time() < deadline:  # SIGKILL it mid-run
         steps = [r["step"] for r in read_jsonl(killed / "metrics.jsonl")]
         if steps and max(steps) >= 130:
             break
-        assert proc.poll() is None, proc.stderr.read()
+        assert proc.poll() is None, proc.output()
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    assert proc.wait() == -signal.SIGKILL
     last_step = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
     logged = max(r["step"] for r in read_jsonl(killed / "metrics.jsonl"))
     assert 0 < last_step <= logged < STEPS  # killed mid-run; what came after last.ckpt is rolled back
 
-    resume = subprocess.run([sys.executable, "-m", "phasewatch", "fit", "--run_dir", str(killed), "--ckpt_path", "last"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=wandb_records.offline_env())
-    assert resume.returncode == 0, resume.stderr
-    uninterrupted = _subprocess_fit(whole, wandb=True)
-    assert uninterrupted.wait() == 0, uninterrupted.stderr.read()
+    resume = warm.start(["fit", "--run_dir", killed, "--ckpt_path", "last"], tmp_path / "resume.out",
+                        env=wandb_records.offline_env())
+    assert resume.wait() == 0, resume.output()
+    assert uninterrupted.wait() == 0, uninterrupted.output()
     resumed, reference = list(read_jsonl(killed / "metrics.jsonl")), list(read_jsonl(whole / "metrics.jsonl"))
     keys = lambda rs: [(r["step"], sorted(r)) for r in rs]  # noqa: E731
     assert keys(resumed) == keys(reference)  # every step and key exactly once
@@ -148,21 +146,21 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.parametrize("signum,status", [(signal.SIGTERM, 143),  # Ctrl-C takes the same path: slow-marked (CI time)
                                            pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
-def test_a_stopped_run_says_so_and_how_to_resume_it(tmp_path, uninterrupted, signum, status):
+def test_a_stopped_run_says_so_and_how_to_resume_it(tmp_path, uninterrupted, signum, status, warm_phasewatch):
     """SIGTERM (a scheduler's, `kill`) or Ctrl-C mid-run: the status a shell gives a command
     killed by that signal, not 0; one line with the step and the resume command; last.ckpt at
     that step (SIGTERM: Lightning stops after the step, which is saved; Ctrl-C stops at once,
     resuming from the last checkpoint); the report written; and the printed command resumes
-    the run to the same metrics as an uninterrupted run."""
+    the run (each a process of its own) to the same metrics as an uninterrupted run."""
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "phasewatch", "fit", "--run_dir", str(run), *INTERRUPTED],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = warm.start(["fit", "--run_dir", run, *INTERRUPTED], tmp_path / "fit.out")
     deadline = time.time() + 300
     while time.time() < deadline and len(list(read_jsonl(run / "metrics.jsonl"))) < 3:
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.output()
         time.sleep(0.01)
     proc.send_signal(signum)
-    out, _ = proc.communicate(timeout=300)
+    proc.wait(timeout=300)
+    out = proc.output()
     assert proc.returncode == status, out
     match = re.search(r"^phasewatch: interrupted at step (\d+); resume with: (phasewatch fit --run_dir (\S+) "
                       r"--ckpt_path last)(?: \(from its last checkpoint, step (\d+)\))?$", out, re.MULTILINE)
@@ -178,10 +176,11 @@ def test_a_stopped_run_says_so_and_how_to_resume_it(tmp_path, uninterrupted, sig
     assert 'http-equiv="refresh"' not in report  # the final report, not the live one
     assert not (run / ".lock").exists()
 
-    resume = subprocess.run([sys.executable, "-m", *command.split()[0:1], *command.split()[1:]],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-    assert resume.returncode == 0, resume.stdout
-    assert "interrupted" not in resume.stdout
+    program, *args = command.split()
+    assert program == "phasewatch"
+    resume = warm.start(args, tmp_path / "resume.out")  # python -m phasewatch ARGS
+    assert resume.wait(timeout=600) == 0, resume.output()
+    assert "interrupted" not in resume.output()
     assert list(read_jsonl(run / "metrics.jsonl")) == uninterrupted  # every step once, the same numbers
 
 
