@@ -449,3 +449,35 @@ def test_cleanup_reads_a_slow_weight_norm_fall_from_the_series_and_prefers_membe
     grokking = [event("val/acc", 600, "up", decades=0.2), event("grok/gini_neuron_logit", 600, "up", decades=0.2)]
     stages = detect_stages(memorise + early + grokking, falling, stage_rules())
     assert [s.name for s in stages] == ["memorisation", None, "cleanup"] and stages[2].midpoint == 600
+
+
+def test_drops_further_apart_than_the_timing_resolution_are_two_stages_and_closer_ones_one():
+    """Narrow drops (10-90% in 0.01 decades) of series logged every step, as the per-token losses
+    of 5-digit addition (each token a family of its own): two pairs of tokens at steps ~1,000 and
+    ~1,535 (0.18 decades apart) are two stages, and a drop 0.18 decades after the second pair
+    joins neither (a lone change). A drop 0.026 decades after the second pair (token 5's at
+    1,646 after tokens 3 and 2's at 1,520 and 1,550 in the published run) joins it: changes are
+    told apart to no better than MIN_WIDTH (0.05 decades), so two narrow drops are two stages
+    only when 1.96 x sqrt(2) x 0.05 = 0.14 decades or more apart, however densely logged."""
+    dense = np.arange(1, 3001)
+    series = {f"tok{i}": (dense, np.ones(len(dense))) for i in range(6)}
+    pairs = [event("tok4", 998, decades=0.01), event("tok1", 1010, decades=0.01),
+             event("tok3", 1520, decades=0.01), event("tok2", 1550, decades=0.01)]
+    two = [[("tok1", "down"), ("tok4", "down")], [("tok2", "down"), ("tok3", "down")]]
+    assert [members(s) for s in detect_stages(pairs, series, PLAIN)] == two
+    assert [members(s) for s in detect_stages(pairs + [event("tok5", 2300, decades=0.01)], series, PLAIN)] == two
+    close = detect_stages(pairs + [event("tok5", 1646, decades=0.01)], series, PLAIN)
+    assert [members(s) for s in close] == [two[0], [("tok2", "down"), ("tok3", "down"), ("tok5", "down")]]
+
+
+def test_jumps_between_the_same_two_logged_steps_are_one_time():
+    """Two pairs of series jumping between steps 1,000 and 1,500, the detector placing their
+    midpoints at 1,020 and 1,480 (0.16 decades apart): logged every 500 steps, the jumps could
+    be anywhere between the two logged steps (0.18 decades: `_step_gap`) and are one stage; the
+    same midpoints in series logged every step are two."""
+    jumps = [{"metric": key, "direction": "down", "onset": mid, "midpoint": mid, "end": mid, "kind": "transition"}
+             for key, mid in (("a/x", 1020), ("b/x", 1020), ("c/y", 1480), ("d/y", 1480))]
+    for steps, expected in ((np.arange(500, 3001, 500), [["a/x", "b/x", "c/y", "d/y"]]),
+                            (np.arange(1, 3001), [["a/x", "b/x"], ["c/y", "d/y"]])):
+        series = {e["metric"]: (steps, np.ones(len(steps))) for e in jumps}
+        assert [[k for k, _ in members(s)] for s in detect_stages(jumps, series, PLAIN)] == expected
