@@ -16,7 +16,8 @@ transition its own stage: what `phasewatch phases` printed before stages) and th
 spans that overlap joined (single linkage). A found stage matches a planted one when their
 series overlap by half or more (Jaccard); precision = matched found / found, recall = matched
 planted / planted; a lone change inside a found stage is counted; a boundary (onset, end) is
-recovered within 0.1 decades (26%). Real runs: the stages of each run folder, named or not,
+recovered within 0.1 decades (26%). Real runs: the stages of each run folder (or metrics or CSV
+file, as `phasewatch phases` reads it), named or not,
 in order, and for grokking runs the steps the progress measures' definitions give
 (docs/reference.md). Prints markdown (with --write: into bench/README.md between its stages
 markers).
@@ -179,12 +180,11 @@ def _first(series, key, test) -> int | None:
 def real_table(runs: list[str], keys: list[str] | None = None) -> str:
     import phasewatch.probes  # noqa: F401
     from phasewatch.probes.keys import stage_rules
-    from phasewatch.rundir import RunFolder
+    from phasewatch.rundir import RunFolder, load_series
 
     rows = []
     for run in runs:
-        folder = RunFolder(run)
-        all_series = folder.series()
+        all_series = RunFolder(run).series() if Path(run).is_dir() else load_series(run)
         rules = stage_rules()
         start = time.perf_counter()
         stages = S.series_stages({k: v for k, v in all_series.items() if not keys or k in keys}, rules)
@@ -206,7 +206,8 @@ def real_table(runs: list[str], keys: list[str] | None = None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=8, help="synthetic runs per case (0: none)")
-    parser.add_argument("--runs", nargs="*", default=[], help="run folders")
+    parser.add_argument("--runs", nargs="*", default=[],
+                        help="run folders, metrics files or CSV files (the published per-token digit losses)")
     parser.add_argument("--keys", nargs="*", default=None,
                         help="the real runs' stages from these series only (e.g. the quickstart's headline series)")
     parser.add_argument("--write", action="store_true", help="write the tables into bench/README.md")
