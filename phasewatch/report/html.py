@@ -144,20 +144,23 @@ def build_report(run_dir: str | Path, live: bool = False,
     events = folder.transitions() or detect_all(watched, declared=declared_scale)  # bands on the watcher's scale
     events = sorted((dict(e, size=_size(e, series)) for e in events), key=lambda e: (e["midpoint"], e["metric"]))
     panels = [{"title": t, "keys": k, "log_y": y == "log"} for t, k, y in panel_layout(series) if k]
+    stages = _stages(folder)
+    named = {k for k in (*series, *(e["metric"] for e in events), *(m["metric"] for s in stages for m in s["members"]),
+                         *(s["lead"] for s in stages)) if isinstance(k, str)}
     reference = "val/loss" if "val/loss" in series else None
     config = _config(folder)
     state = run_state(folder, series, config, live)
     payload = {
         "name": folder.root.name,
         "series": {k: [list(map(float, s)), list(map(float, v))] for k, (s, v) in series.items()},
-        "labels": {k: display_name(k) for k in {*series, *(e["metric"] for e in events)} if display_name(k) != k},
+        "labels": {k: display_name(k) for k in named if display_name(k) != k},
         "smooth": [k for k in series if k.startswith(MINIBATCH)],
         "panels": panels,
         "events": events,
         "small": SMALL,
         "state": state,
         "leadlag": lead_lag(events, reference, series[reference]) if reference else [],
-        "stages": _stages(folder),
+        "stages": stages,
         "arrays": _arrays(folder) | _catalogue(catalogue or head_catalogue(folder)),
         "interventions": folder.read_interventions(),
         "diffs": _diffs(folder),
@@ -230,13 +233,17 @@ def header(folder: RunFolder, state: dict, config: dict, at: Path) -> str:
 
 
 def _stages(folder: RunFolder) -> list[dict]:
-    """The run's stages (phases/stages.py), for the timeline: id, name, span, what moved."""
+    """The run's stages (phases/stages.py), for the timeline and the panels: id, name, span,
+    lead, type, and its members (the per-series transitions: series key, direction, onset, end,
+    size), whose bands the page draws when the reader asks for that stage's."""
     try:
         stages = read_stages(folder)
     except Exception:  # noqa: BLE001 - an unreadable stages file: no timeline, the rest of the report
         return []
     return [{"id": s.id, "name": s.name, "onset": s.onset, "midpoint": s.midpoint, "end": s.end, "lead": s.lead,
-             "type": s.type, "series": [display_name(m.get("series", m.get("metric", ""))) for m in s.members]}
+             "type": s.type, "members": [{"metric": m.get("series", m.get("metric", "")),
+                                          **{k: m.get(k) for k in ("direction", "onset", "end", "size")}}
+                                         for m in s.members]}
             for s in stages]
 
 
@@ -287,12 +294,12 @@ h1{font-size:20px;margin:4px 0 12px} h2{font-size:15px;margin:18px 0 6px}
 td,th{border-bottom:1px solid #eee;padding:3px 8px;text-align:left} .note{color:#666;font-size:12px}
 .state{font-size:14px;margin:2px 0} .fields{font-size:12px;color:#444;margin:2px 0} .fields span,.fields a{margin-right:12px}
 .bands{font-size:11px;color:#444;max-width:560px} .bands span{display:inline-block;margin-right:10px}
-summary{cursor:pointer;font-size:13px;color:#444;margin:6px 0}
+summary{cursor:pointer;font-size:13px;color:#444;margin:6px 0} #stage-table td:not(:last-child){white-space:nowrap}
 </style></head><body>
 <h1>phasewatch report: %TITLE%</h1>
 %HEADER%
 <div id="stages"></div>
-<div class="note">Every series on a log-step axis; shaded bands are detected phase transitions (legend under each panel).</div>
+<div id="panels-note" class="note">Every series on a log-step axis; shaded bands are detected phase transitions (legend under each panel).</div>
 <div id="panels"></div>
 <h2>Transitions and lead/lag</h2><div id="events"></div>
 <h2>Arrays over checkpoints</h2><div id="arrays"></div>
@@ -363,8 +370,40 @@ function smoothed(xs, ys, half) {  // the mean of the points within +-half (log1
   }
   return out;
 }
+// What the panels shade besides the stages' spans: the ids of the stages whose members' bands
+// the reader asked for, or "all" (every transition's band; the default of a run without stages)
+const SHOWN = new Set(D.stages.length ? [] : ["all"]), PANELS = [];
+//: a stage's colour (never red or green: those are a band's direction)
+const STAGE_COLORS = ["#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"], LANE = 12;
+function stageColor(i, alpha) {
+  const c = STAGE_COLORS[i % STAGE_COLORS.length], n = j => parseInt(c.slice(j, j + 2), 16);
+  return `rgba(${n(1)},${n(3)},${n(5)},${alpha})`;
+}
+function stageTag(s) { return `${s.id} ${s.name ?? "unnamed"}`; }
+function bandsOf(panel) {  // the per-series bands the panel shows now: [{ev, stage}] (stage null: every transition's)
+  const here = ev => panel.keys.includes(ev.metric) && ev.onset >= 1 && ev.end != null;
+  if (SHOWN.has("all")) return D.events.filter(ev => here(ev) && !small(ev)).map(ev => ({ev, stage: null}));  // small: table only
+  return D.stages.filter(s => SHOWN.has(s.id)).flatMap(s => s.members.filter(here).map(ev => ({ev, stage: s})));
+}
+function stageSpans(g, X, lo, hi) {  // each stage within [lo, hi] (canvas x): its span, and the first lane free for its name
+  const ends = [], out = [];
+  g.font = "10px sans-serif";
+  D.stages.map((s, i) => [s, i]).sort((p, q) => p[0].onset - q[0].onset).forEach(([s, i]) => {
+    const a = X(Math.log10(Math.max(s.onset, 1))), b = X(Math.log10(Math.max(s.end, s.onset, 1)));
+    if (b < lo || a > hi) return;
+    const sp = {i, text: stageTag(s), a: Math.max(a, lo)}, width = g.measureText(sp.text).width;
+    sp.b = Math.max(Math.min(b, hi), sp.a + 2); sp.x = Math.max(Math.min(sp.a + 2, W - width - 2), 0);
+    sp.lane = ends.findIndex(e => e <= sp.a); if (sp.lane < 0) sp.lane = ends.push(0) - 1;
+    ends[sp.lane] = Math.max(sp.b, sp.x + width + 6); out.push(sp);
+  });
+  return out;
+}
 function drawPanel(panel) {
   const box = el("div", {className: "panel"}, document.getElementById("panels"));
+  PANELS.push([panel, box]); renderPanel(panel, box);
+}
+function renderPanel(panel, box) {  // (re)draws the panel: stages' spans, the bands asked for, series, legends
+  box.replaceChildren();
   el("div", {textContent: panel.title, style: "font-weight:600;font-size:13px"}, box);
   const cv = el("canvas", {width: W, height: H}, box); cv.dataset.title = panel.title;
   const g = cv.getContext("2d");
@@ -376,20 +415,25 @@ function drawPanel(panel) {
   let [x0, x1] = extent(xs), [y0, y1] = extent(ys);
   if (x1 === x0) x1 = x0 + 1; if (y1 === y0) { y1 = y0 + 1; y0 -= 1; }
   const X = x => M.l + (x - x0) / (x1 - x0) * (W - M.l - M.r);
-  const Y = y => H - M.b - (y - y0) / (y1 - y0) * (H - M.t - M.b);
-  for (const ev of D.events) {
-    if (!panel.keys.includes(ev.metric) || ev.onset < 1 || small(ev)) continue;  // small changes: in the table only
-    g.fillStyle = ev.direction === "down" ? "rgba(214,39,40,0.12)" : "rgba(44,160,44,0.12)";
-    const a = X(Math.log10(ev.onset)), b = X(Math.log10(Math.max(ev.end, ev.onset)));
-    g.fillRect(a, M.t, Math.max(b - a, 2), H - M.t - M.b);
+  const spans = stageSpans(g, X, M.l, W - M.r), top = Math.max(M.t, 4 + LANE * Math.max(0, ...spans.map(sp => sp.lane + 1)));
+  const Y = y => H - M.b - (y - y0) / (y1 - y0) * (H - top - M.b), inside = x => Math.min(Math.max(x, M.l), W - M.r);
+  for (const sp of spans) {  // every stage's span over the plot, its name in a lane above it
+    g.fillStyle = stageColor(sp.i, 0.08); g.fillRect(sp.a, top, sp.b - sp.a, H - top - M.b);
+    g.fillStyle = stageColor(sp.i, 0.45); g.fillRect(sp.a, 2 + sp.lane * LANE, sp.b - sp.a, LANE - 2);
+    g.fillStyle = "#222"; g.textAlign = "left"; g.fillText(sp.text, sp.x, 2 + sp.lane * LANE + 9);
+  }
+  for (const {ev} of bandsOf(panel)) {  // green: up, red: down
+    g.fillStyle = ev.direction === "down" ? "rgba(214,39,40,0.15)" : "rgba(44,160,44,0.15)";
+    const a = inside(X(Math.log10(ev.onset))), b = inside(X(Math.log10(Math.max(ev.end, ev.onset))));
+    g.fillRect(a, top, Math.max(b - a, 2), H - top - M.b);
   }
   for (const iv of D.interventions) {  // interventions: grey bands (windows) or lines (reinit)
     const a = Math.max(iv.start ?? iv.step, 1), b = Math.max(iv.end ?? iv.step, 1);
     const xa = X(Math.log10(a)), xb = X(Math.log10(b));
-    g.fillStyle = "rgba(90,90,90,0.13)"; g.fillRect(xa, M.t, Math.max(xb - xa, 2), H - M.t - M.b);
-    g.fillStyle = "#444"; g.font = "10px sans-serif"; g.fillText(`${iv.kind} ${iv.component}`, xa + 3, M.t + 11);
+    g.fillStyle = "rgba(90,90,90,0.13)"; g.fillRect(xa, top, Math.max(xb - xa, 2), H - top - M.b);
+    g.fillStyle = "#444"; g.font = "10px sans-serif"; g.fillText(`${iv.kind} ${iv.component}`, xa + 3, top + 11);
   }
-  g.strokeStyle = "#999"; g.strokeRect(M.l, M.t, W - M.l - M.r, H - M.t - M.b);
+  g.strokeStyle = "#999"; g.strokeRect(M.l, top, W - M.l - M.r, H - top - M.b);
   g.fillStyle = "#555"; g.font = "11px sans-serif";  // x: steps at decades; y: round values, or decades on a log axis
   for (const [x, text] of logTicks(x0, x1)) { g.textAlign = "center"; g.fillText(text, X(x), H - 8); }
   g.textAlign = "right";
@@ -409,12 +453,15 @@ function drawPanel(panel) {
   bandLegend(box, panel);
 }
 function small(ev) { return ev.size != null && ev.size < D.small; }  // under D.small of its series' range
-function bandLegend(box, panel) {  // which series each shaded band is, and its direction
-  const mine = D.events.filter(ev => panel.keys.includes(ev.metric) && ev.onset >= 1), bands = mine.filter(ev => !small(ev));
+function bandLegend(box, panel) {  // which series each shaded band is, and its direction (none: no legend)
+  const bands = bandsOf(panel), every = SHOWN.has("all");
+  const mine = every ? D.events.filter(ev => panel.keys.includes(ev.metric) && ev.onset >= 1) : bands;
   if (!mine.length) return;
   const div = el("div", {className: "bands"}, box); div.dataset.bands = panel.title;
-  el("span", {textContent: bands.length ? "shaded:" : "no band:"}, div);
-  for (const ev of bands) {
+  if (every) el("span", {textContent: bands.length ? "shaded:" : "no band:"}, div);
+  let stage = null;
+  for (const {ev, stage: s} of bands) {
+    if (s && s !== stage) { stage = s; el("span", {textContent: `stage ${stageTag(s)}:`, style: "font-weight:600"}, div); }
     const up = ev.direction === "up", span = el("span", {}, div);
     el("span", {textContent: "\u25A0", style: `color:${up ? "rgba(44,160,44,0.5)" : "rgba(214,39,40,0.5)"};margin:0 3px 0 0`}, span);
     el("span", {textContent: `${label(ev.metric)} ${up ? "\u2191" : ev.direction === "down" ? "\u2193" : ""}${ev.direction}, steps ${ev.onset}\u2013${ev.end}`}, span);
@@ -448,28 +495,67 @@ function drawEvents() {  // by midpoint; changes under D.small of their series' 
       D.leadlag.map(r => [`${r.reference_direction} (${r.reference_midpoint})`, label(r.metric), r.direction, r.midpoint, r.lead])).id = "leadlag";
   }
 }
-function drawStages() {  // the stage timeline: one row per stage on the run's log-step axis
+function drawStages() {  // the stage timeline (one row per stage on the run's log-step axis) and its table
+  const box = document.getElementById("stages"), note = document.getElementById("panels-note");
   if (!D.stages.length) return;
-  const box = document.getElementById("stages");
+  note.textContent = "Every series on a log-step axis; shaded: each stage's span (its name above the plot). Tick a stage " +
+    "above (or click its row in the timeline) to see the transitions of the series that moved in it as bands (green: up, " +
+    "red: down; legend under each panel); untick it to hide them.";
   el("h2", {textContent: "Stages (several series changing together)"}, box);
-  const L = 330, R = 20, row = 22, top = 6, Wd = 900, Hd = top + row * D.stages.length + 22;
-  const cv = el("canvas", {width: Wd, height: Hd}, box); cv.id = "stage-timeline";
-  const g = cv.getContext("2d"), last = Math.max(D.state.max_steps || 0, D.state.step, ...D.stages.map(s => s.end), 10);
+  const cv = el("canvas", {width: 900, height: 28 + 22 * D.stages.length}, box); cv.id = "stage-timeline";
+  cv.style.cursor = "pointer";
+  cv.addEventListener("click", e => {  // a click on a stage's row shows its series' bands, or hides them
+    const r = cv.getBoundingClientRect(), i = Math.floor(((e.clientY - r.top) * cv.height / r.height - 6) / 22);
+    if (i >= 0 && i < D.stages.length) show(D.stages[i].id, !SHOWN.has(D.stages[i].id));
+  });
+  const t = el("table", {id: "stage-table"}, box), head = el("tr", {}, t);
+  for (const h of ["bands", "stage", "name", "steps", "midpoint", "led by", "type", "what moved"]) el("th", {textContent: h}, head);
+  const toggle = (parent, key, title) => {
+    const c = el("input", {type: "checkbox", title}, parent); c.dataset.stage = key;
+    c.addEventListener("change", () => show(key, c.checked));
+  };
+  for (const s of D.stages) {
+    const tr = el("tr", {}, t);
+    toggle(el("td", {}, tr), s.id, "show the bands of the series that moved in this stage on the panels");
+    const lead = m => m.metric !== s.lead;  // what moved: the lead first, each series and direction once
+    const moved = [...new Set([...s.members].sort((a, b) => lead(a) - lead(b) || (a.onset ?? 0) - (b.onset ?? 0))
+      .map(m => `${label(m.metric)} ${m.direction ?? ""}`.trim()))];
+    for (const v of [s.id, s.name ?? "unnamed", `${s.onset}\u2013${s.end}`, s.midpoint, label(s.lead), s.type ?? "", moved.join(", ")])
+      el("td", {textContent: v ?? ""}, tr);
+  }
+  const every = el("label", {className: "note"}, box);
+  toggle(every, "all", "shade every series' transitions, in a stage or not");
+  el("span", {textContent: ` every series' transitions, in a stage or not (${D.events.filter(ev => !small(ev)).length} bands)`}, every);
+}
+function renderTimeline() {
+  const cv = document.getElementById("stage-timeline"); if (!cv) return;
+  const L = 330, R = 20, row = 22, top = 6, Wd = cv.width, Hd = cv.height, g = cv.getContext("2d");
+  const last = Math.max(D.state.max_steps || 0, D.state.step, ...D.stages.map(s => s.end), 10);
   const X = s => L + Math.log10(Math.max(s, 1)) / Math.log10(last) * (Wd - L - R);
-  g.font = "12px sans-serif";
+  g.clearRect(0, 0, Wd, Hd); g.font = "12px sans-serif";
   D.stages.forEach((s, i) => {
     const y = top + i * row;
-    g.fillStyle = i % 2 ? "#fff" : "#f3f3f3"; g.fillRect(0, y, Wd, row);
-    g.fillStyle = COLORS[i % COLORS.length]; g.fillRect(X(s.onset), y + 5, Math.max(X(s.end) - X(s.onset), 2), row - 10);
+    g.fillStyle = SHOWN.has(s.id) ? "#fdf3c4" : i % 2 ? "#fff" : "#f3f3f3"; g.fillRect(0, y, Wd, row);
+    g.fillStyle = STAGE_COLORS[i % STAGE_COLORS.length]; g.fillRect(X(s.onset), y + 5, Math.max(X(s.end) - X(s.onset), 2), row - 10);
     g.fillStyle = "#000"; g.fillRect(X(s.midpoint) - 1, y + 2, 2, row - 4);
     g.fillStyle = "#222"; g.textAlign = "left";
-    g.fillText(`stage ${s.id}${s.name ? " " + s.name : ""}: steps ${s.onset}\u2013${s.end}, led by ${label(s.lead)}`, 4, y + 15);
+    g.fillText(`stage ${s.id} ${s.name ?? "(unnamed)"}: steps ${s.onset}\u2013${s.end}, led by ${label(s.lead)}`, 4, y + 15);
   });
   g.fillStyle = "#555"; g.font = "11px sans-serif"; g.textAlign = "center";
   for (const [x, text] of logTicks(0, Math.log10(last))) g.fillText(text, L + x / Math.log10(last) * (Wd - L - R), Hd - 6);
   g.textAlign = "left";
-  el("div", {className: "note", textContent: "bars: onset to end of each stage (black: its midpoint); what moved: " +
-    D.stages.map(s => `stage ${s.id}: ${s.series.join(", ")}`).join("; ")}, box);
+}
+function show(key, on) {  // shade a stage's members' bands ("all": every transition's) on the panels, or stop
+  if (on && key === "all") SHOWN.clear(); else if (on) SHOWN.delete("all");
+  if (on) SHOWN.add(key); else SHOWN.delete(key);
+  PANELS.forEach(([panel, box]) => renderPanel(panel, box)); showControls();
+  const rest = location.hash.slice(1).split("&").filter(p => p && !p.startsWith("stage="));  // a link (and a reload) keeps it
+  const hash = [...rest, ...(SHOWN.size ? ["stage=" + [...SHOWN].join(",")] : [])].join("&");
+  try { history.replaceState(null, "", hash ? "#" + hash : location.pathname + location.search); } catch (e) { /* a page that may not: no link */ }
+}
+function showControls() {  // the toggles and the timeline as SHOWN says
+  document.querySelectorAll("input[data-stage]").forEach(c => { c.checked = SHOWN.has(c.dataset.stage === "all" ? "all" : +c.dataset.stage); });
+  renderTimeline();
 }
 function heatColor(v, lo, hi) {
   if (v === null || Number.isNaN(v)) return "#eee";
@@ -581,7 +667,11 @@ function drawDiffs() {  // phasewatch diff's tables: each column shaded by its l
       d.inputs.map(e => [e.tokens, (+e.loss_a).toPrecision(3), (+e.loss_b).toPrecision(3)]));
   }
 }
+// "#stage=1,3" opens with those stages' bands shown ("#stage=all": every transition's)
+const asked = /stage=([\w,]+)/.exec(location.hash);
+if (asked && D.stages.length) { SHOWN.clear(); asked[1].split(",").forEach(k => SHOWN.add(k === "all" ? "all" : +k)); }
 drawStages(); D.panels.forEach(drawPanel); drawEvents(); drawDiffs();
+showControls();
 const names = Object.keys(D.arrays);
 if (!names.length) document.getElementById("arrays").textContent = "No array measurements in this run.";
 names.forEach(n => drawArray(n, D.arrays[n]));

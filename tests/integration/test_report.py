@@ -34,9 +34,16 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--enable-logging=stderr", "--v=0", "--window-size=1200,3200"]
 
 RECORD = """<script>
-window.DRAWN = new Map();  // canvas -> what it drew since its last full clear
+window.DRAWN = new Map();  // canvas -> what it drew since its last full clear: texts, and rectangles (RECTS)
+window.RECTS = new Map();
 const clearRect = CanvasRenderingContext2D.prototype.clearRect, fillText = CanvasRenderingContext2D.prototype.fillText;
-CanvasRenderingContext2D.prototype.clearRect = function (...a) { DRAWN.set(this.canvas, []); return clearRect.apply(this, a); };
+const fillRect = CanvasRenderingContext2D.prototype.fillRect;
+CanvasRenderingContext2D.prototype.clearRect = function (...a) { DRAWN.set(this.canvas, []); RECTS.set(this.canvas, []); return clearRect.apply(this, a); };
+CanvasRenderingContext2D.prototype.fillRect = function (x, y, w, h) {
+  if (!RECTS.has(this.canvas)) RECTS.set(this.canvas, []);
+  RECTS.get(this.canvas).push({x, y, w, h, style: String(this.fillStyle)});
+  return fillRect.call(this, x, y, w, h);
+};
 CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
   const m = this.getTransform(), p = new DOMPoint(x, y).matrixTransform(m);
   if (!DRAWN.has(this.canvas)) DRAWN.set(this.canvas, []);
@@ -259,12 +266,12 @@ def payload_of(page):
     return json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page.read_text(), re.S).group(1))
 
 
-def page_drawn(chromium, report, tmp_path):
+def page_drawn(chromium, report, tmp_path, fragment=""):
     """(what the canvases drew, the DOM) of the report in Chromium."""
     page = tmp_path / "drawn.html"
     page.write_text(run_own_scripts(report.read_text().replace("</title>", "</title>" + RECORD, 1)
                                     .replace("</body>", READ_DRAWN + "</body>", 1)))
-    console, dom = open_page(chromium, page, tmp_path)
+    console, dom = open_page(chromium, page, tmp_path, fragment)
     assert not [line for line in console if "rror" in line or "Uncaught" in line], console
     return json.loads(html.unescape(re.search(r'<pre id="drawn">(.*?)</pre>', dom, re.S).group(1))), dom
 
@@ -278,7 +285,8 @@ def texts_of(dom, element_id):
 @pytest.fixture(scope="module")
 def edited(report, tmp_path_factory):
     """The report's run with hand-built transitions (two of val/loss, one of val/acc together
-    with both, a small one of train/loss), two stages, and a compiled head's attention match."""
+    with both, a small one of train/loss), two stages (the first, named, of val/loss's fall and
+    val/acc's rise; the second, unnamed, of val/loss's rise), and a compiled head's attention match."""
     from phasewatch.phases.stages import Stage, write_stages
     from phasewatch.rundir import append_jsonl, load_series
 
@@ -292,8 +300,9 @@ def edited(report, tmp_path_factory):
               {"metric": "train/loss", "direction": "down", "onset": 4, "midpoint": 10, "end": 16, "magnitude": -0.02 * span["train/loss"]},
               {"metric": "val/acc", "direction": "up", "onset": 6, "midpoint": 7, "end": 9, "magnitude": 0.4 * span["val/acc"]}]
     folder.rewrite(folder.events, events)
-    write_stages(folder, [Stage(1, 4, 8, 12, [{"series": "val/loss"}, {"series": "val/acc"}], "val/acc", "induction"),
-                          Stage(2, 16, 18, 20, [{"series": "val/loss"}], "val/loss")])
+    member = lambda i: dict(events[i], series=events[i]["metric"])
+    write_stages(folder, [Stage(1, 4, 8, 12, [member(3), member(0)], "val/acc", "induction"),
+                          Stage(2, 16, 18, 20, [member(1)], "val/loss")])
     for step in (8, 16, 24):
         append_jsonl(folder.metrics, {"step": step, "tracr/attn_match/L1H0": step / 24})
     assert main(["report", str(run)]) == 0
@@ -346,7 +355,7 @@ def test_tick_labels_are_round_numbers_or_powers_of_ten_within_the_data(edited, 
 def test_band_legend_tables_and_names_follow_the_events(edited, tmp_path, chromium):
     from phasewatch.phases.detector import lead_lag
 
-    _, dom = page_drawn(chromium, edited, tmp_path)
+    _, dom = page_drawn(chromium, edited, tmp_path, "#stage=all")  # every transition's band, as a link asks
     legends = {title: html.unescape(re.sub(r"<[^>]+>", " ", body)) for title, body in
                re.findall(r'<div class="bands" data-bands="([^"]+)">(.*?)</div>', dom, re.S)}
     squash = lambda text: re.sub(r"\s+", " ", text).strip()
@@ -385,6 +394,105 @@ def test_heatmaps_have_colour_bars_for_their_values(edited, tmp_path, chromium):
 
 
 def test_stage_timeline_has_one_row_per_stage(edited, tmp_path, chromium):
-    drawn, _ = page_drawn(chromium, edited, tmp_path)
+    drawn, dom = page_drawn(chromium, edited, tmp_path)
     rows = [t for t in drawn["stages"] if t.startswith("stage ")]
-    assert rows == ["stage 1 induction: steps 4–12, led by val/acc", "stage 2: steps 16–20, led by val/loss"]
+    assert rows == ["stage 1 induction: steps 4–12, led by val/acc", "stage 2 (unnamed): steps 16–20, led by val/loss"]
+    table = re.search(r'<table id="stage-table">.*?</table>', dom, re.S).group(0)
+    cells = [re.findall(r"<td>([^<]*)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table)][1:]
+    assert cells == [["1", "induction", "4–12", "8", "val/acc", "", "val/acc up, val/loss down"],
+                     ["2", "unnamed", "16–20", "18", "val/loss", "", "val/loss up"]]
+
+
+# --- issue 43: the stages over every panel; a stage's per-series bands on demand ---------------------
+
+READ_BANDS = """<pre id="bands"></pre><script>
+window.addEventListener("load", () => {  // what the panels draw as opened, then after each of the reader's clicks
+  const seen = [], tick = key => document.querySelector(`input[data-stage="${key}"]`).click();
+  const legend = div => div && Array.from(div.querySelectorAll("span")).filter(s => !s.children.length).map(s => s.textContent).join(" ");
+  const snap = what => {
+    const panels = {};
+    for (const cv of document.querySelectorAll("canvas[data-title]")) panels[cv.dataset.title] = {
+      rects: RECTS.get(cv) || [], texts: (DRAWN.get(cv) || []).map(t => [t.text, t.x, t.y]),
+      legend: legend(document.querySelector(`div[data-bands="${cv.dataset.title}"]`))};
+    const ticked = Array.from(document.querySelectorAll("input[data-stage]")).filter(c => c.checked).map(c => c.dataset.stage);
+    seen.push({what, panels, ticked, hash: location.hash});
+  };
+  snap("opened");
+  tick(1); snap("stage 1 ticked");
+  tick(1); snap("stage 1 unticked");
+  tick(2); snap("stage 2 ticked");
+  const cv = document.getElementById("stage-timeline"), r = cv.getBoundingClientRect();  // stage 1's row: y 6 to 28
+  cv.dispatchEvent(new MouseEvent("click", {clientX: r.left + 100, clientY: r.top + 17 * r.height / cv.height}));
+  snap("stage 1's row clicked");
+  tick("all"); snap("every transition ticked");
+  tick("all"); snap("every transition unticked");
+  document.getElementById("bands").textContent = JSON.stringify(seen);
+});
+</script>"""
+
+BAND = re.compile(r"rgba\((214, 39, 40|44, 160, 44), [\d.]+\)")
+
+
+def step_axis(texts):
+    """The panel's step axis as drawn, from its tick labels (under the plot, centred on their
+    steps): step -> canvas x."""
+    ticks = [(math.log10(tick_value(text)), x) for text, x, y in texts if y == 212]
+    (l0, x0), (l1, x1) = min(ticks), max(ticks)
+    return lambda step: x0 + (math.log10(step) - l0) / (l1 - l0) * (x1 - x0)
+
+
+def bands_drawn(panel):
+    """The per-series bands a panel drew: {(direction, onset x, end x)} (red: down, green: up)."""
+    return {("down" if "214" in r["style"] else "up", round(r["x"]), round(r["x"] + r["w"]))
+            for r in panel["rects"] if BAND.fullmatch(r["style"])}
+
+
+def test_stages_span_every_panel_and_show_their_series_bands_on_demand(edited, tmp_path, chromium):
+    """As opened, every panel shades each stage's span and names it, and no series' band; ticking a
+    stage shades exactly its members' transitions on their panels (stage 1: val/loss down 4-12 on
+    the loss panel, val/acc up 6-9 on the accuracy panel; stage 2: val/loss up 16-20), unticking
+    removes them, a click on the stage's timeline row does what ticking does, and "every series'
+    transitions" shades all but the small one (train/loss, 2% of its range)."""
+    page = tmp_path / "bands.html"
+    page.write_text(run_own_scripts(edited.read_text().replace("</title>", "</title>" + RECORD, 1)
+                                    .replace("</body>", READ_BANDS + "</body>", 1)))
+    console, dom = open_page(chromium, page, tmp_path)
+    assert not [line for line in console if "rror" in line or "Uncaught" in line], console
+    seen = {s["what"]: s for s in json.loads(html.unescape(re.search(r'<pre id="bands">(.*?)</pre>', dom, re.S).group(1)))}
+    data = payload_of(edited)
+    panels = {p["title"]: p["keys"] for p in data["panels"]}
+    stage_1 = {"val/loss": {("down", 4, 12)}, "val/acc": {("up", 6, 9)}}
+    stage_2 = {"val/loss": {("up", 16, 20)}}
+    expected = {"opened": {}, "stage 1 ticked": stage_1, "stage 1 unticked": {}, "stage 2 ticked": stage_2,
+                "stage 1's row clicked": {"val/loss": stage_1["val/loss"] | stage_2["val/loss"], "val/acc": stage_1["val/acc"]},
+                "every transition ticked": {"val/loss": stage_1["val/loss"] | stage_2["val/loss"], "val/acc": stage_1["val/acc"]},
+                "every transition unticked": {}}
+    assert list(seen) == list(expected)
+    for what, bands in expected.items():
+        drawn = seen[what]["panels"]
+        assert set(drawn) == set(panels)
+        for title, panel in drawn.items():
+            X = step_axis(panel["texts"])
+            want = {(d, round(X(a)), round(X(b))) for key in panels[title] for d, a, b in bands.get(key, ())}
+            got = bands_drawn(panel)
+            assert len(got) == len(want) and all(any(g[0] == w[0] and abs(g[1] - w[1]) <= 1 and abs(g[2] - w[2]) <= 1
+                                                     for g in got) for w in want), (what, title, got, want)
+            if not want:
+                assert panel["legend"] is None, (what, title)
+        if what == "opened":  # each stage's span over every panel (within the steps it covers), named above it
+            for title, panel in drawn.items():
+                X = step_axis(panel["texts"])
+                steps = [s for k in panels[title] if k in data["series"] for s in data["series"][k][0] if s >= 1]
+                names = [t for t, _, _ in panel["texts"]]
+                assert "1 induction" in names and "2 unnamed" in names, (title, names)
+                for onset, end in ((4, 12), (16, 20)):
+                    onset, end = max(onset, min(steps)), min(end, max(steps))
+                    assert any(abs(r["x"] - X(onset)) <= 1 and abs(r["x"] + r["w"] - X(end)) <= 1 and r["h"] > 100
+                               and not BAND.fullmatch(r["style"]) for r in panel["rects"]), (title, onset, end)
+    loss, acc = next(t for t, k in panels.items() if "val/loss" in k), next(t for t, k in panels.items() if "val/acc" in k)
+    assert seen["stage 1 ticked"]["panels"][loss]["legend"] == "stage 1 induction: ■ val/loss ↓down, steps 4–12"
+    assert seen["stage 1 ticked"]["panels"][acc]["legend"] == "stage 1 induction: ■ val/acc ↑up, steps 6–9"
+    assert seen["stage 2 ticked"]["panels"][loss]["legend"] == "stage 2 unnamed: ■ val/loss ↑up, steps 16–20"
+    assert [(s["ticked"], s["hash"]) for s in seen.values()] == [
+        ([], ""), (["1"], "#stage=1"), ([], ""), (["2"], "#stage=2"), (["1", "2"], "#stage=2,1"),
+        (["all"], "#stage=all"), ([], "")]  # the address keeps what is shown (a link, a reload)
