@@ -1,9 +1,10 @@
 """`phasewatch report RUN_DIR`: one self-contained HTML file (no network needed).
 
 It shows a header (the run's state: step N of M, running or finished, last update; the config's
-key fields; links to the folder's files), the stage timeline (when the run has stages), every
+key fields; links to the folder's files), the stages (a timeline and a table, one row each), every
 series on a log-step axis in panels by family (minibatch `train/` series smoothed, raw points
-faint), detected transitions as shaded bands with a legend, the transitions table by midpoint
+faint) with each stage's span shaded and named, a stage's per-series transitions as bands when the
+reader ticks it (every transition's without stages), the transitions table by midpoint
 (small changes folded), lead/lag against val/loss's principal transition (a row per series), and array
 measurements as heatmaps with axis names, a colour bar and a slider over checkpoints. Data are
 embedded as JSON and drawn by the page's one script; every string from the run folder is shown
