@@ -4,7 +4,8 @@ population page (report/population.py). `phasewatch compare` (sweeps, population
 CSV and a PNG, no page.
 
 A real run (a short induction fit) is given hostile strings where a run folder holds strings: a
-metric key, an event's metric and direction (the events and lead/lag tables), a probe's array
+metric key, an event's metric and direction (the events and lead/lag tables), a stage's name,
+lead and type (the stage table), a probe's array
 folder and its `<key>_labels`, a head score column, an intervention, a diff's component and
 inputs, a config value, and the folder's own name. Each page is opened in headless Chromium
 (the `chromium` fixture) and its DOM, as the browser holds it after load, is read back: no
@@ -29,6 +30,7 @@ from urllib.parse import unquote, urljoin, urlparse
 import numpy as np
 import pytest
 
+from phasewatch.phases.stages import Stage, write_stages
 from phasewatch.report.html import write_report
 from phasewatch.report.population import write_population_report
 from phasewatch.rundir import RunFolder, append_jsonl, write_csv
@@ -63,6 +65,7 @@ LABELS = [payload("row label"), payload("column label 0"), payload("column label
 INTERVENTION = payload("intervention")
 COMPONENT, TOKENS, DIFF_NAME = payload("diff component"), payload("diff input"), payload("diff name")
 SEED = payload("config value")
+STAGE_NAME, STAGE_LEAD, STAGE_TYPE = payload("stage name"), payload("stage lead"), payload("stage type")
 #: mathtext matplotlib cannot typeset: drawn as mathtext, it ends the figure with a parse error
 MATH = r"$\undefinedcmd{x}$"
 KEY_MATH = "plugin/" + MATH
@@ -133,6 +136,7 @@ def hostile_run(tmp_path_factory):
               {"metric": KEY, "direction": BREAKOUT, "onset": 2, "midpoint": 5, "end": 12, "magnitude": 0.2}]
     for event in events:
         append_jsonl(folder.events, event)
+    write_stages(folder, [Stage(1, 2, 5, 12, [dict(events[2], series=KEY)], STAGE_LEAD, STAGE_NAME, STAGE_TYPE)])
     for step in (4, 12):
         folder.save_array(PROBE, ARRAY_KEY, step, np.array([[0.1, 0.2 * step]]))
         folder.save_array(PROBE, f"{ARRAY_KEY}_labels", step, np.array(LABELS))
@@ -150,7 +154,8 @@ def hostile_run(tmp_path_factory):
 def assert_report_shows_text(parsed: Texts):
     assert parsed.has("h1", RUN_NAME) and parsed.has("title", RUN_NAME)
     rows = [t for t in parsed.text.get("td", [])]
-    for string in (EVENT_METRIC, DIRECTION, KEY, BREAKOUT, REFERENCE_DIRECTION, COMPONENT, TOKENS):
+    for string in (EVENT_METRIC, DIRECTION, KEY, BREAKOUT, REFERENCE_DIRECTION, COMPONENT, TOKENS,
+                   STAGE_NAME, STAGE_LEAD, STAGE_TYPE, f"{KEY} {BREAKOUT}"):  # the stage table: what moved
         assert string in rows, f"{string!r} is not a table cell's text"
     legend = parsed.text.get("span", [])
     for key in (KEY, KEY_SCRIPT, KEY_BREAKOUT):
