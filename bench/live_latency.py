@@ -25,9 +25,20 @@ series without a transition.
 3. With `--frontier`: the real runs with adaptive resolution on replayed look by look with
    other bars for the departure test (`--transitions.departure_z`; none: without it), to show
    what each costs in false starts and buys in early onsets.
+4. With `--stages RUN ...`: finished run folders (a population's: each member) replayed look by
+   look through the watcher's stage news (`update`, then `stage_news`, as a fit does), at the
+   looks of `--looks` (`validations`: the steps of `val/loss`; `watcher`: the watcher's own
+   schedule, `TransitionWatcher.look_steps`, as in a fit; `logged`: every step a watched series
+   has a point, the most a look can see). Per stage of the offline answer (`series_stages` of
+   the finished series): the first announcement of a live stage that shares a moved series with
+   it and overlaps it, over its midpoint; that stage's confirmation over its end; per run the
+   withdrawn stages and the default console lines (stage lines) per offline stage.
+   Targets (issue 43): announced before the midpoint for >= 80% of stages, confirmed by
+   1.2 x end, at most one withdrawn stage per run, at most 3 lines per stage.
 
     python bench/live_latency.py [--seeds 3] [--real quickstart induction_2l digit_addition]
                                  [--steps 3000] [--out /tmp/live_latency] [--frontier]
+    python bench/live_latency.py --stages RUN [RUN ...] [--looks validations watcher]
 """
 
 from __future__ import annotations
@@ -41,9 +52,10 @@ from pathlib import Path
 
 import numpy as np
 
-from phasewatch.callbacks.transitions import SAME, TransitionWatcher, _refit
-from phasewatch.probes.keys import is_detail
+from phasewatch.callbacks.transitions import SAME, TransitionWatcher, _refit, _stage_line
+from phasewatch.probes.keys import is_detail, stage_rules
 from phasewatch.phases.detector import detect_transitions
+from phasewatch.phases.stages import series_stages
 from phasewatch.rundir import RunFolder
 
 DENSE = np.arange(25, 3001, 25)
@@ -296,6 +308,110 @@ def frontier(configs: list[str], out: Path) -> None:
             print(row.replace(f"| {config} |", f"| {config} | {'none' if bar is None else f'{bar:g}'} |", 1))
 
 
+class _Console:
+    """What `_stage_line` reads of a trainer (a replay has none)."""
+    member = None
+
+
+def watched(run: Path) -> dict:
+    """A run folder's watched series ({key: (steps, values)}: every series but the detail keys)."""
+    return {k: (np.asarray(s), np.asarray(v)) for k, (s, v) in RunFolder(run).series().items() if not is_detail(k)}
+
+
+def look_steps(series: dict, looks: str, watcher: TransitionWatcher) -> list[int]:
+    """The steps a replay looks at (`--looks`, module docstring); the last logged step last."""
+    last = int(max(s.max() for s, _ in series.values()))
+    if looks == "validations":
+        steps = series["val/loss"][0]
+    elif looks == "logged":
+        steps = np.unique(np.concatenate([s for s, _ in series.values()]))
+    else:
+        steps = [s for s in watcher.look_steps(last, [int(x) for x in series["val/loss"][0]]) if s <= last]
+    return sorted({int(x) for x in steps if x > 0} | {last})
+
+
+def stage_replay(run: Path, looks: str = "validations", **settings) -> dict:
+    """A finished run replayed look by look through the watcher's stage news: {"news": [(step,
+    what, stage)], "lines": the default console lines, "looks": the number of looks, "offline":
+    the finished series' stages}."""
+    series = watched(run)
+    watcher = TransitionWatcher(**settings)
+    steps = look_steps(series, looks, watcher)
+    watcher.plan(steps[-1], looks=len(steps))
+    news, lines = [], []
+    for look in steps:
+        final = look == steps[-1]
+        cut = {k: (s[s <= look], v[s <= look]) for k, (s, v) in series.items() if (s <= look).any()}
+        watcher.update(cut, look, final=final)
+        for what, stage in watcher.stage_news(cut, look, final):
+            news.append((look, what, stage))
+            lines.append(_stage_line(_Console(), look, what, stage, cut))
+    return {"news": news, "lines": lines, "looks": len(steps), "offline": series_stages(series, stage_rules())}
+
+
+def _moved(stage) -> set:
+    return {(m["series"], m["direction"]) for m in stage.members}
+
+
+def stage_scores(result: dict) -> list[dict]:
+    """Per offline stage: the first live news (begins or confirmed) of a stage that shares a
+    moved series (and direction) with it and overlaps it in steps, over its midpoint; the first
+    confirmation of such a stage, over its end (None when none)."""
+    rows = []
+    for truth in result["offline"]:
+        mine = [(step, what) for step, what, live in result["news"] if what != "withdrawn"
+                and _moved(live) & _moved(truth) and live.onset <= truth.end and truth.onset <= live.end]
+        said = min((step for step, _ in mine), default=None)
+        confirmed = min((step for step, what in mine if what == "confirmed"), default=None)
+        rows.append({"stage": truth.name or "(unnamed)", "onset": truth.onset, "midpoint": truth.midpoint,
+                     "end": truth.end, "said": said, "said/mid": None if said is None else said / truth.midpoint,
+                     "confirmed": confirmed, "confirmed/end": None if confirmed is None else confirmed / truth.end})
+    return rows
+
+
+STAGE_HEADER = ("| runs | looks | offline stages | said before midpoint | median said / midpoint | "
+                "confirmed by 1.2 x end | median confirmed / end | withdrawn stages per run (max) | "
+                "runs with <= 1 withdrawn | lines per offline stage (default console) | live stages confirmed |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def stage_summary(label: str, results: list[dict]) -> str:
+    """One row of `STAGE_HEADER` over the replays of several runs."""
+    rows = [r for result in results for r in stage_scores(result)]
+    n = len(rows)
+    said = [r["said/mid"] for r in rows if r["said/mid"] is not None]
+    conf = [r["confirmed/end"] for r in rows if r["confirmed/end"] is not None]
+    withdrawn = [sum(what == "withdrawn" for _, what, _ in result["news"]) for result in results]
+    lines = sum(len(result["lines"]) for result in results)
+    live = sum(what == "confirmed" for result in results for _, what, _ in result["news"])
+    looks = np.median([result["looks"] for result in results])
+    med = lambda x: f"{np.median(x):.2f}" if x else "-"  # noqa: E731
+    return (f"| {label} | {looks:.0f} | {n} | {sum(x < 1 for x in said)}/{n} | {med(said)} | "
+            f"{sum(x <= 1.2 for x in conf)}/{n} | {med(conf)} | {np.mean(withdrawn):.1f} ({max(withdrawn)}) | "
+            f"{sum(w <= 1 for w in withdrawn)}/{len(results)} | {lines / max(n, 1):.1f} | {live} |")
+
+
+def members(run: Path) -> list[Path]:
+    """A run folder, or a population's member folders (those with metrics)."""
+    if (run / "metrics.jsonl").exists():
+        return [run]
+    return sorted(p for p in run.iterdir() if (p / "metrics.jsonl").exists())
+
+
+def stages_table(runs: list[Path], looks: list[str], show: bool = False) -> None:
+    """`--stages`: a row per run (population) and look schedule (`stage_summary`)."""
+    print("## Stages, live against offline\n")
+    print(STAGE_HEADER)
+    for run in runs:
+        for schedule in looks:
+            results = [stage_replay(m, schedule) for m in members(run)]
+            print(stage_summary(f"{run.name} ({len(results)}), {schedule}", results), flush=True)
+            if show:
+                for m, result in zip(members(run), results):
+                    for r in stage_scores(result):
+                        print(f"    {m.name} {r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -305,7 +421,15 @@ def main() -> None:
     parser.add_argument("--no-synthetic", action="store_true")
     parser.add_argument("--frontier", action="store_true",
                         help="also replay the real runs with other departure bars (onsets against false starts)")
+    parser.add_argument("--stages", nargs="+", type=Path, default=None,
+                        help="replay these finished runs (or populations) through the watcher's stage news")
+    parser.add_argument("--looks", nargs="+", default=["validations", "watcher"],
+                        choices=["validations", "watcher", "logged"], help="the look schedules --stages replays")
+    parser.add_argument("--show", action="store_true", help="with --stages: every offline stage's row")
     args = parser.parse_args()
+    if args.stages:
+        stages_table(args.stages, args.looks, args.show)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.no_synthetic:
         synthetic(args.seeds)

@@ -1,6 +1,7 @@
 """Live phase-transition detection: `TransitionWatcher`, a callback around `phases.detector`.
 
-At every `every_n_validations`-th validation it runs the detector and the departure test on the
+At every `every_n_validations`-th validation and on a log-spaced grid of `looks` steps (its bars
+raised for the looks a run plans: `bar_for`) it runs the detector and the departure test on the
 series logged so far (all but the probes' detail keys), each on its scale (`phases.scale`), and
 reports each change in stages (`phases.events.Event` with `stage` and `detected_at`): `onset`
 (under way), `confirmed` (settled: the run at `settle` x its end, `points_after` values after
@@ -15,6 +16,8 @@ checkpoints, so a resumed run reports nothing twice. The rules: docs/phases.md, 
 
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
 from typing import Any
 
 import lightning.pytorch as pl
@@ -46,6 +49,13 @@ SURE = 10.0
 #: detector confidence or more (~1.7 standard errors past the tests: a run looks hundreds of times,
 #: and a change that only just passes in one look is often noise that the next one drops)
 SURE_ENOUGH = 0.95
+#: the bars above (and `departure_z`) are those of a run of this many looks (the quickstart's
+#: 120 validations, on which they were set: bench/README.md); a run that plans more looks raises
+#: them so that its chance of a false alarm per series stays the same (`bar_for`)
+REFERENCE_LOOKS = 120
+#: besides every validation, a look at each step of a log-spaced grid of this many points (the
+#: probes' default schedule: 60), dense early where validations are sparse
+LOOKS = 60
 
 
 #: a confirmed stage's line gives the levels of a headline series that moved in it by at least
@@ -53,6 +63,17 @@ SURE_ENOUGH = 0.95
 SHOWN_FRACTION = 0.05
 #: ... or by this factor (log scale: a halving or a doubling)
 SHOWN_FACTOR = 10**DECADE_CHANGE
+
+
+def bar_for(z: float, looks: int) -> float:
+    """The bar of a per-look test (`z` standard errors, one-sided, at `REFERENCE_LOOKS` looks)
+    in a run that plans `looks` looks: each look is a test, and the run's chance of a false
+    alarm is at most the sum of theirs (Bonferroni), so each gets `REFERENCE_LOOKS / looks`
+    of the reference's tail probability; never below `z` (docs/phases.md, "When the watcher looks")."""
+    if looks <= REFERENCE_LOOKS:
+        return float(z)
+    tail = 0.5 * math.erfc(z / math.sqrt(2))  # P(Z > z), exact far out where 1 - cdf is 0
+    return -NormalDist().inv_cdf(tail * REFERENCE_LOOKS / looks)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -111,12 +132,15 @@ class TransitionWatcher(pl.Callback):
     """Args:
     metrics: the series to watch (default: every logged series but the detail keys the
         probes declare: per-head, per-pair and per-frequency series, diagnostics, `lr`).
-    every_n_validations: how often to look (detection costs ~0.1 s per series of a few hundred
+    every_n_validations: how often to look at validations (detection costs ~0.1 s per series of a few hundred
         points; a series is looked at again only once it has new points, and one of 100 points or
         more once it has grown by `regrow` of its points since the last time: 10% more points,
         ~10% more steps when logged evenly, or whenever it has new points while a change in it is
         under way, `_under_way`; the departure test, cheap, at every look with new
-        points).
+        points)...
+    looks: ... and also at the steps of a log-spaced grid of this many points (`look_steps`: 0,
+        at validations only). The bars of the tests (`departure_z`, `SURE`, `SURE_ENOUGH`) rise
+        with the number of looks the run plans (`bar_for`).
     settle: confirm a transition once the run has reached `settle` x its end step...
     points_after: ... and the series has this many values after its end (at the end of
         training every transition found is confirmed).
@@ -139,7 +163,8 @@ class TransitionWatcher(pl.Callback):
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
                  points_after: int = 3, regrow: float = 0.1, dense: bool = True, dense_count: int = 200, dense_for: float = 3.0,
-                 departures: bool = True, departure_z: float = DEPARTURE_Z, verbose: bool = False):
+                 departures: bool = True, departure_z: float = DEPARTURE_Z, verbose: bool = False,
+                 looks: int = LOOKS):
         self.metrics, self.every, self.settle, self.departures = metrics, max(1, int(every_n_validations)), settle, departures
         self.points_after, self.regrow, self.dense, self.dense_for = points_after, regrow, dense, dense_for
         require_int(dense_count, "transitions.dense_count", 2)
@@ -147,7 +172,12 @@ class TransitionWatcher(pl.Callback):
                 f"{departure_z!r} is not a number of standard errors",
                 f"Give a number > 0 ({DEPARTURE_Z:g} by default; higher for fewer onsets that come to nothing, said later), "
                 "or --transitions.departures false for no departure test.")
+        require_int(looks, "transitions.looks", 0)
         self.dense_count, self.departure_z, self.verbose = dense_count, float(departure_z), bool(verbose)
+        self.looks = int(looks)
+        self._look_grid: set[int] = set()
+        self._planned = REFERENCE_LOOKS  # the looks the run plans (`plan`): the bars are set for them
+        self._last_look: int | None = None
         self.reported: list[dict[str, Any]] = []  # every event reported, in order
         self.pending: list[dict[str, Any]] = []  # onsets not yet confirmed or withdrawn
         self._candidates: dict[str, list[dict]] = {}  # series -> transitions found settled but not yet twice
@@ -170,15 +200,44 @@ class TransitionWatcher(pl.Callback):
         if self._validations % self.every == 0 and not last:
             self.look(trainer, trainer.global_step)
 
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
+        # after the probes of this step (ProbeRunner's hook comes first), before its batch
+        step = trainer.global_step
+        if step in self._look_grid and step != self._last_look and not trainer.sanity_checking:
+            self.look(trainer, step)
+
+    def due_at(self, step: int, dense: bool = False) -> bool:
+        """Whether the watcher acts at the start of `step` (a look of its grid: `look_steps`);
+        a population leaves it out of the other steps (training/population.py)."""
+        return step in self._look_grid
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.look(trainer, trainer.global_step, final=True)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.plan(trainer.max_steps)
+        interval = getattr(trainer, "val_check_interval", None)
+        every = interval if isinstance(interval, int) and interval > 0 else None
+        validations = list(range(every, trainer.max_steps + 1, every)) if every and trainer.max_steps > 0 else []
+        self.plan(trainer.max_steps, len(self.look_steps(trainer.max_steps, validations)) if trainer.max_steps > 0 else None)
 
-    def plan(self, max_steps: int) -> None:
-        """Lay out the dense grid of a run of `max_steps` steps (adaptive resolution)."""
+    def look_steps(self, max_steps: int, validations: list[int]) -> list[int]:
+        """The steps a run of `max_steps` steps looks at, given its validation steps: every
+        `every`-th validation, the steps of a log-spaced grid of `looks` points (the grid's step
+        0 left out: nothing is logged yet) and the last step."""
+        grid = Schedule(kind="log", count=self.looks).resolve(max_steps) if self.looks and max_steps > 0 else []
+        return sorted((set(grid) - {0}) | set(validations[self.every - 1::self.every]) | {max_steps})
+
+    def plan(self, max_steps: int, looks: int | None = None) -> None:
+        """Lay out a run of `max_steps` steps: the look grid (`look_steps`), the dense grid
+        (adaptive resolution) and the bars for the `looks` it plans in all (`bar_for`; None:
+        the reference's)."""
+        self._look_grid = set(self.look_steps(max_steps, [])) - {max_steps} if max_steps > 0 else set()
+        self._planned = looks or REFERENCE_LOOKS
         self._dense_steps = set(Schedule(kind="log", count=self.dense_count).resolve(max_steps)) if self.dense else set()
+
+    def bar(self, z: float) -> float:
+        """`bar_for(z)` at the looks this run plans."""
+        return bar_for(z, self._planned)
 
     def dense_now(self, step: int) -> bool:
         """Whether checkpoints run at `step` for adaptive resolution: it is on the dense grid,
@@ -196,6 +255,7 @@ class TransitionWatcher(pl.Callback):
 
     def look(self, trainer: pl.Trainer, step: int, final: bool = False) -> list[dict]:
         """Detect in every watched series logged so far; report and return the new events."""
+        self._last_look = step
         series = logged_series(trainer)
         new = self.update(series, step, final)
         for event in new:
@@ -216,14 +276,15 @@ class TransitionWatcher(pl.Callback):
 
     def stage_news(self, series: dict, step: int, final: bool = False) -> list[tuple[str, Stage]]:
         """The run's stages so far (phases/stages.py: of the confirmed transitions and the changes
-        the detector sees under way), kept in `stages` with ids that carry between looks, and what
+        the detector sees under way that pass the bar an onset needs, `SURE_ENOUGH`), kept in `stages` with ids that carry between looks, and what
         is new to say of them: ("begins", stage) when a stage is first seen, ("confirmed", stage)
         once every member is a confirmed transition, ("withdrawn", stage) at the end for a stage
         said to begin that no confirmed stage took up. A stage said confirmed keeps its members,
         name and id (`detect_stages`' `keep`); what "begins" claims: `_stage_line`."""
         confirmed = [e for e in self.reported if e.get("stage") == "confirmed"]
         under_way = [] if final else [{**e, "under_way": True} for fits in self._fits_under_way.values() for e in fits
-                                       if not self._confirmed(e, series.get(e["metric"], ((), ()))[0])]
+                                       if not self._confirmed(e, series.get(e["metric"], ((), ()))[0])
+                                       and e["confidence"] >= self._sure_enough()]
         watched = {k: s for k, s in series.items() if not is_detail(k)}
         kept = [s for s in self.stages if self._said.get(s.id) == "confirmed"]  # said confirmed: kept as said
         # ids carry from the last look's stages and from those said to begin, even if a look lost them
@@ -263,7 +324,7 @@ class TransitionWatcher(pl.Callback):
             scale = watch_scale(values, declared_scale(key))  # the same choice as `phasewatch phases`
             if self.departures and not final and len(steps) > self._departed.get(key, 0):
                 self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
-                left = departure(steps, values, key, log_values=scale == LOG, bar=self.departure_z)
+                left = departure(steps, values, key, log_values=scale == LOG, bar=self.bar(self.departure_z))
                 left = left and {**left, "scale": scale}
             if due:
                 self._looked[key] = len(steps)
@@ -298,7 +359,7 @@ class TransitionWatcher(pl.Callback):
             # a change already confirmed is not that of an onset that came after it ended
             pending = [p for p in self.pending if _continues(p, event) and not (done and _after(p, event, steps))]
             matched.update(id(p) for p in pending)
-            if done or (not final and event["confidence"] < SURE_ENOUGH):
+            if done or (not final and event["confidence"] < self._sure_enough()):
                 continue
             settled = event["kind"] == "transition" and step >= self.settle * event["end"]
             if settled:  # and a level after it: `points_after` values, not departing its way
@@ -308,7 +369,7 @@ class TransitionWatcher(pl.Callback):
             if event["kind"] == "transition" and (final or (settled and seen)):
                 self.pending = [p for p in self.pending if all(p is not q for q in pending)]
                 new.append(Event.from_dict({**event, "stage": "confirmed"}).to_dict())
-            elif settled or not (seen or final or event["snr"] >= SURE):  # said when the next look finds it again
+            elif settled or not (seen or final or event["snr"] >= self.bar(SURE)):  # said when the next look finds it again
                 candidates.append(event)
             elif not final and not pending and sum(s >= event["onset"] for s in steps) >= ONSET_POINTS:
                 new.append(self._onset(event, step, matched))
@@ -330,6 +391,11 @@ class TransitionWatcher(pl.Callback):
                 new.append(Event(p["metric"], p["direction"], p["onset"], scale=p.get("scale"), stage="withdrawn",
                                  reason=reason).to_dict())
         return new
+
+    def _sure_enough(self) -> float:
+        """`SURE_ENOUGH` at the looks this run plans (`bar_for` of its margin in standard errors)."""
+        normal = NormalDist()
+        return normal.cdf(self.bar(normal.inv_cdf(SURE_ENOUGH)))
 
     def _onset(self, event: dict, step: int, matched: set[int]) -> dict:
         """Make `event` (the detector's change under way, or a departure) a pending onset found

@@ -13,10 +13,10 @@ SERIES = {k: (STEPS, np.linspace(1.0, 0.0, len(STEPS))) for k in
           ("train/acc", "train/loss", "val/acc", "grok/weight_norm", "grok/gini_embed", "grok/restricted_loss")}
 
 
-def change(metric, onset, midpoint, end, direction="down", under_way=False):
+def change(metric, onset, midpoint, end, direction="down", under_way=False, confidence=0.99):
     kind = {"kind": "in_progress"} if under_way else {"kind": "transition", "stage": "confirmed"}
     return {"metric": metric, "direction": direction, "onset": onset, "midpoint": midpoint, "end": end,
-            "magnitude": 1.0, **kind}
+            "magnitude": 1.0, "confidence": confidence, **kind}
 
 
 class Trainer:
@@ -71,3 +71,16 @@ def test_a_stage_said_to_begin_keeps_its_id_when_a_look_loses_it():
     assert [n[:3] for n in look(w, 120, [], [later])] == [("begins", 2, None)]  # stage 1's fits not seen
     done = [change("val/acc", 52, 70, 92, "up"), change("grok/weight_norm", 50, 73, 96)]
     assert [n[:3] for n in look(w, 200, done, [later])] == [("confirmed", 1, "cleanup")]
+
+
+def test_a_change_under_way_below_an_onsets_bar_makes_no_stage_begin():
+    """A fit under way that would not be said as an onset (detector confidence under `SURE_ENOUGH`,
+    raised for a run of many looks) makes no stage begin: such fits come and go, and each stage
+    said to begin from one is a stage withdrawn."""
+    weak = [change("val/acc", 50, 70, 90, "up", under_way=True, confidence=0.9)]
+    assert look(TransitionWatcher(), 100, [], weak) == []
+    sure = [change("val/acc", 50, 70, 90, "up", under_way=True, confidence=0.96)]
+    assert [n[0] for n in look(TransitionWatcher(), 100, [], sure)] == ["begins"]
+    many = TransitionWatcher()
+    many.plan(3000, 400)  # 400 looks: the bar is a confidence of 0.985
+    assert look(many, 100, [], sure) == []

@@ -1,0 +1,87 @@
+"""When the live watcher looks (callbacks/transitions.py `look_steps`, `due_at`) and how its bars
+rise with the number of looks a run plans (`bar_for`: Bonferroni over the planned looks)."""
+
+import math
+
+import numpy as np
+import pytest
+
+import phasewatch.probes  # noqa: F401  (the probes' declarations: headline keys, stage rules)
+from phasewatch.callbacks.transitions import REFERENCE_LOOKS, TransitionWatcher, bar_for
+
+
+def tail(z):
+    """P(Z > z) for a standard normal Z."""
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.mark.parametrize("z", [1.645, 5.0, 10.0])
+def test_the_bar_keeps_the_runs_false_alarm_chance_of_the_reference_looks(z):
+    # up to the reference's looks the bar is the one given; with k times as many, each look's
+    # test passes noise k times less often, so that k times the looks add up to the same chance
+    assert bar_for(z, 10) == bar_for(z, REFERENCE_LOOKS) == z
+    for k in (2, 10, 100):
+        raised = bar_for(z, k * REFERENCE_LOOKS)
+        assert raised > z
+        assert k * tail(raised) == pytest.approx(tail(z), rel=1e-6)
+
+
+def test_looks_are_log_spaced_besides_the_validations_and_the_population_skips_the_rest():
+    w = TransitionWatcher(looks=60)
+    validations = list(range(100, 3001, 100))
+    steps = w.look_steps(3000, validations)
+    assert set(validations) <= set(steps) and steps[-1] == 3000 and 0 not in steps
+    early = [s for s in steps if s < 100]
+    assert early[:10] == list(range(1, 11)) and len(early) > 20  # dense where validations are not yet
+    gaps = np.diff([s for s in steps if s >= 1000])
+    assert gaps.max() <= 100  # late on, the validations are the denser schedule
+    w.plan(3000, len(steps))
+    assert all(w.due_at(s) for s in early) and not w.due_at(150) and not w.due_at(3000)
+    assert TransitionWatcher(looks=0).look_steps(3000, validations) == validations
+
+
+def logged(steps, f, seed):
+    rng = np.random.default_rng(seed)
+    return np.asarray(steps), f(np.asarray(steps, dtype=float)) + rng.normal(0, 0.01, len(steps))
+
+
+def replay(watcher, series, looks, last):
+    """The watcher's stage news when it looks at `looks` (the look at `last` final)."""
+    watcher.plan(last, len(looks))
+    news = []
+    for step in looks:
+        cut = {k: (s[s <= step], v[s <= step]) for k, (s, v) in series.items() if (s <= step).any()}
+        watcher.update(cut, step, final=step == last)
+        news += [(step, what, stage) for what, stage in watcher.stage_news(cut, step, final=step == last)]
+    return news
+
+
+PROBES = np.unique(np.round(np.geomspace(1, 3000, 60)).astype(int))  # the probes' default schedule
+
+
+def drop(centre, decades=0.3):
+    width = decades / (2 * math.log(9))
+    return lambda s: 2.0 - 1.0 / (1 + np.exp(-(np.log10(s) - math.log10(centre)) / width))
+
+
+def test_a_planted_early_stage_is_announced_before_its_midpoint_by_the_log_spaced_looks():
+    # two probe series fall together around step 60 (10-90% over 0.3 decades) in a run that
+    # validates every 100 steps: only looks between validations can say it before step 60
+    series = {key: logged(PROBES, drop(60), seed) for seed, key in
+              enumerate(("grok/restricted_loss", "grok/excluded_loss"))}
+    w = TransitionWatcher(looks=60)
+    looks = [s for s in w.look_steps(3000, list(range(100, 3001, 100))) if s <= 300]
+    news = replay(w, series, looks, 3000)
+    first = min(step for step, what, _ in news if what == "begins")
+    assert first < 60
+    assert [what for _, what, _ in news].count("withdrawn") == 0
+
+
+def test_noise_makes_no_stage_over_every_look_of_a_run():
+    # flat noise logged as training and probes log, looked at some 170 times: nothing to say
+    series = {"train/loss": logged(np.arange(9, 3000, 10), lambda s: 1 + 0 * s, 1),
+              "grok/restricted_loss": logged(PROBES, lambda s: 1 + 0 * s, 2)}
+    w = TransitionWatcher(looks=60)
+    looks = w.look_steps(3000, list(range(25, 3001, 25)))
+    assert len(looks) > REFERENCE_LOOKS
+    assert replay(w, series, looks, 3000) == [] and w.reported == []
