@@ -17,6 +17,8 @@ from phasewatch.cli.main import main
 from phasewatch.errors import ConfigError
 from phasewatch.cli.sweep import LocalSweep, command_for, load_sweep_file
 
+from . import warm
+
 REPO = Path(__file__).resolve().parents[2]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 MAX_STEPS = 120
@@ -94,11 +96,19 @@ def _state(tmp_path) -> dict:
     return json.loads((tmp_path / "out" / "sweep.json").read_text())
 
 
-def test_offline_grid_sweep_in_parallel_then_compare_and_analyze(tmp_path, capsys):
+def _warm_sweep(monkeypatch, *args) -> int:
+    """`phasewatch sweep ARGS` in this process, its runs' processes started warm (tests/integration/warm.py)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(subprocess, "Popen", warm.popen(subprocess.Popen))
+        return main(["sweep", *map(str, args)])
+
+
+def test_offline_grid_sweep_in_parallel_then_compare_and_analyze(tmp_path, capsys, monkeypatch, warm_phasewatch):
     (tmp_path / "tiny.yaml").write_text(TINY)
-    proc = _sweep(tmp_path, "--parallel", "2")
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    code = _warm_sweep(monkeypatch, tmp_path / "tiny.yaml", "--out", tmp_path / "out", "--parallel", "2")
+    assert code == 0, capsys.readouterr().out
     runs = _state(tmp_path)["runs"]
     assert [r["state"] for r in runs] == ["finished"] * 4
     assert sorted((r["params"]["model.weight_decay"], r["params"]["data.task.frac_train"]) for r in runs) == [
@@ -265,7 +275,7 @@ def test_an_empty_wandb_mode_variable_means_unset(tmp_path, monkeypatch):
     assert not logger._failed and list((store.root / "wandb").glob("offline-run-*"))
 
 
-def test_a_grid_over_seeds_packs_into_populations(tmp_path):
+def test_a_grid_over_seeds_packs_into_populations(tmp_path, monkeypatch, warm_phasewatch):
     """seed_everything x weight decay: the two seeds of each weight decay train as one
     population (one process each); every grid point's run is a member folder with exactly
     its configuration, and compare reads the seeds as a distribution per weight decay."""
@@ -273,7 +283,7 @@ def test_a_grid_over_seeds_packs_into_populations(tmp_path):
         "  data.task.frac_train: {values: [0.5, 0.7]}", "  seed_everything: {values: [3, 4]}")
     (tmp_path / "seeds.yaml").write_text(sweep)
     out = tmp_path / "out"
-    assert main(["sweep", str(tmp_path / "seeds.yaml"), "--out", str(out), "--parallel", "2"]) == 0
+    assert _warm_sweep(monkeypatch, tmp_path / "seeds.yaml", "--out", out, "--parallel", "2") == 0
     runs = json.loads((out / "sweep.json").read_text())["runs"]
     assert [r["state"] for r in runs] == ["finished"] * 4
     assert len({r["pack"] for r in runs}) == 2

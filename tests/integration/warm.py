@@ -25,7 +25,8 @@ from pathlib import Path
 #: what `phasewatch fit` imports before it trains (and its report after), imported by the server. Not
 #: W&B (~2 s): it makes a staging folder when imported, which each process must have to itself
 PRELOAD = ["phasewatch.cli.main", "phasewatch.cli.console", "phasewatch.training.lightning_cli",
-           "phasewatch.loggers.wandb_logger", "phasewatch.report.html", "matplotlib.pyplot"]
+           "phasewatch.loggers.wandb_logger", "phasewatch.report.html", "matplotlib.pyplot", "transformer_lens",
+           "transformer_lens.model_bridge"]
 
 _context = multiprocessing.get_context("forkserver")
 
