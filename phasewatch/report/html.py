@@ -465,7 +465,8 @@ function bandLegend(box, panel) {  // which series each shaded band is, and its 
     if (s && s !== stage) { stage = s; el("span", {textContent: `stage ${stageTag(s)}:`, style: "font-weight:600"}, div); }
     const up = ev.direction === "up", span = el("span", {}, div);
     el("span", {textContent: "\u25A0", style: `color:${up ? "rgba(44,160,44,0.5)" : "rgba(214,39,40,0.5)"};margin:0 3px 0 0`}, span);
-    el("span", {textContent: `${label(ev.metric)} ${up ? "\u2191" : ev.direction === "down" ? "\u2193" : ""}${ev.direction}, steps ${ev.onset}\u2013${ev.end}`}, span);
+    el("span", {textContent: `${label(ev.metric)} ${up ? "\u2191" : ev.direction === "down" ? "\u2193" : ""}${ev.direction}, steps ${ev.onset}\u2013${ev.end}` +
+      (s && small(ev) ? ` (small: under ${100 * D.small}% of its range)` : "")}, span);  // a stage's member, however small
   }
   const unshaded = mine.length - bands.length;
   if (unshaded) el("span", {textContent: `(${unshaded} small change${unshaded > 1 ? "s" : ""}, under ${100 * D.small}% of the series' range, not shaded: see the table)`}, div);

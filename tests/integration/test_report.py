@@ -285,8 +285,9 @@ def texts_of(dom, element_id):
 @pytest.fixture(scope="module")
 def edited(report, tmp_path_factory):
     """The report's run with hand-built transitions (two of val/loss, one of val/acc together
-    with both, a small one of train/loss), two stages (the first, named, of val/loss's fall and
-    val/acc's rise; the second, unnamed, of val/loss's rise), and a compiled head's attention match."""
+    with both, a small one of train/loss), two stages (the first, named, of val/loss's fall,
+    val/acc's rise and train/loss's small fall; the second, unnamed, of val/loss's rise), and a
+    compiled head's attention match."""
     from phasewatch.phases.stages import Stage, write_stages
     from phasewatch.rundir import append_jsonl, load_series
 
@@ -301,7 +302,7 @@ def edited(report, tmp_path_factory):
               {"metric": "val/acc", "direction": "up", "onset": 6, "midpoint": 7, "end": 9, "magnitude": 0.4 * span["val/acc"]}]
     folder.rewrite(folder.events, events)
     member = lambda i: dict(events[i], series=events[i]["metric"])
-    write_stages(folder, [Stage(1, 4, 8, 12, [member(3), member(0)], "val/acc", "induction"),
+    write_stages(folder, [Stage(1, 4, 8, 16, [member(3), member(0), dict(member(2), size=0.02)], "val/acc", "induction"),
                           Stage(2, 16, 18, 20, [member(1)], "val/loss")])
     for step in (8, 16, 24):
         append_jsonl(folder.metrics, {"step": step, "tracr/attn_match/L1H0": step / 24})
@@ -396,10 +397,10 @@ def test_heatmaps_have_colour_bars_for_their_values(edited, tmp_path, chromium):
 def test_stage_timeline_has_one_row_per_stage(edited, tmp_path, chromium):
     drawn, dom = page_drawn(chromium, edited, tmp_path)
     rows = [t for t in drawn["stages"] if t.startswith("stage ")]
-    assert rows == ["stage 1 induction: steps 4–12, led by val/acc", "stage 2 (unnamed): steps 16–20, led by val/loss"]
+    assert rows == ["stage 1 induction: steps 4–16, led by val/acc", "stage 2 (unnamed): steps 16–20, led by val/loss"]
     table = re.search(r'<table id="stage-table">.*?</table>', dom, re.S).group(0)
     cells = [re.findall(r"<td>([^<]*)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table)][1:]
-    assert cells == [["1", "induction", "4–12", "8", "val/acc", "", "val/acc up, val/loss down"],
+    assert cells == [["1", "induction", "4–16", "8", "val/acc", "", "val/acc up, val/loss down, train/loss down"],
                      ["2", "unnamed", "16–20", "18", "val/loss", "", "val/loss up"]]
 
 
@@ -449,8 +450,9 @@ def bands_drawn(panel):
 
 def test_stages_span_every_panel_and_show_their_series_bands_on_demand(edited, tmp_path, chromium):
     """As opened, every panel shades each stage's span and names it, and no series' band; ticking a
-    stage shades exactly its members' transitions on their panels (stage 1: val/loss down 4-12 on
-    the loss panel, val/acc up 6-9 on the accuracy panel; stage 2: val/loss up 16-20), unticking
+    stage shades exactly its members' transitions on their panels (stage 1: val/loss down 4-12 and
+    train/loss's small fall 4-16 on the loss panel, val/acc up 6-9 on the accuracy panel; stage 2:
+    val/loss up 16-20), unticking
     removes them, a click on the stage's timeline row does what ticking does, and "every series'
     transitions" shades all but the small one (train/loss, 2% of its range)."""
     page = tmp_path / "bands.html"
@@ -461,10 +463,10 @@ def test_stages_span_every_panel_and_show_their_series_bands_on_demand(edited, t
     seen = {s["what"]: s for s in json.loads(html.unescape(re.search(r'<pre id="bands">(.*?)</pre>', dom, re.S).group(1)))}
     data = payload_of(edited)
     panels = {p["title"]: p["keys"] for p in data["panels"]}
-    stage_1 = {"val/loss": {("down", 4, 12)}, "val/acc": {("up", 6, 9)}}
+    stage_1 = {"val/loss": {("down", 4, 12)}, "train/loss": {("down", 4, 16)}, "val/acc": {("up", 6, 9)}}
     stage_2 = {"val/loss": {("up", 16, 20)}}
     expected = {"opened": {}, "stage 1 ticked": stage_1, "stage 1 unticked": {}, "stage 2 ticked": stage_2,
-                "stage 1's row clicked": {"val/loss": stage_1["val/loss"] | stage_2["val/loss"], "val/acc": stage_1["val/acc"]},
+                "stage 1's row clicked": {**stage_1, "val/loss": stage_1["val/loss"] | stage_2["val/loss"]},
                 "every transition ticked": {"val/loss": stage_1["val/loss"] | stage_2["val/loss"], "val/acc": stage_1["val/acc"]},
                 "every transition unticked": {}}
     assert list(seen) == list(expected)
@@ -485,12 +487,13 @@ def test_stages_span_every_panel_and_show_their_series_bands_on_demand(edited, t
                 steps = [s for k in panels[title] if k in data["series"] for s in data["series"][k][0] if s >= 1]
                 names = [t for t, _, _ in panel["texts"]]
                 assert "1 induction" in names and "2 unnamed" in names, (title, names)
-                for onset, end in ((4, 12), (16, 20)):
+                for onset, end in ((4, 16), (16, 20)):
                     onset, end = max(onset, min(steps)), min(end, max(steps))
                     assert any(abs(r["x"] - X(onset)) <= 1 and abs(r["x"] + r["w"] - X(end)) <= 1 and r["h"] > 100
                                and not BAND.fullmatch(r["style"]) for r in panel["rects"]), (title, onset, end)
     loss, acc = next(t for t, k in panels.items() if "val/loss" in k), next(t for t, k in panels.items() if "val/acc" in k)
-    assert seen["stage 1 ticked"]["panels"][loss]["legend"] == "stage 1 induction: ■ val/loss ↓down, steps 4–12"
+    assert seen["stage 1 ticked"]["panels"][loss]["legend"] == ("stage 1 induction: ■ val/loss ↓down, steps 4–12 ■ train/loss "
+                                                                "↓down, steps 4–16 (small: under 10% of its range)")
     assert seen["stage 1 ticked"]["panels"][acc]["legend"] == "stage 1 induction: ■ val/acc ↑up, steps 6–9"
     assert seen["stage 2 ticked"]["panels"][loss]["legend"] == "stage 2 unnamed: ■ val/loss ↑up, steps 16–20"
     assert [(s["ticked"], s["hash"]) for s in seen.values()] == [
