@@ -237,15 +237,14 @@ def test_head_catalogue_panel_and_file(report, tmp_path, chromium):
                 assert np.allclose(cell["rgb"], heat_rgb((value - lo) / (hi - lo), 0, 1), atol=2.01), (score, head)
 
 
-# --- readability (issue 44): header, ticks, band legend, tables, colour bars, names, stages ---------
+# --- readability (issue 44): header, ticks, band legend, tables, colour bars, names -----------------
 
 READ_DRAWN = """<pre id="drawn"></pre><script>
-window.addEventListener("load", () => {  // what each panel, colour bar and the stage timeline drew
-  const out = {panels: {}, colorbars: {}, stages: []};
+window.addEventListener("load", () => {  // what each panel and colour bar drew
+  const out = {panels: {}, colorbars: {}};
   for (const cv of document.querySelectorAll("canvas[data-title]")) out.panels[cv.dataset.title] = (DRAWN.get(cv) || []).map(t => [t.text, t.x, t.y]);
   for (const cv of document.querySelectorAll("canvas[data-colorbar]")) { const g = cv.getContext("2d");
     out.colorbars[cv.dataset.colorbar] = (DRAWN.get(cv) || []).map(t => [t.text, Array.from(g.getImageData(15, Math.round(t.y - 3), 1, 1).data.slice(0, 3))]); }
-  const st = document.getElementById("stage-timeline"); if (st) out.stages = (DRAWN.get(st) || []).map(t => t.text);
   document.getElementById("drawn").textContent = JSON.stringify(out);
 });
 </script>"""
@@ -394,17 +393,7 @@ def test_heatmaps_have_colour_bars_for_their_values(edited, tmp_path, chromium):
     assert set(drawn["colorbars"]) == set(arrays)  # every heatmap has one
 
 
-def test_stage_timeline_has_one_row_per_stage(edited, tmp_path, chromium):
-    drawn, dom = page_drawn(chromium, edited, tmp_path)
-    rows = [t for t in drawn["stages"] if t.startswith("stage ")]
-    assert rows == ["stage 1 induction: steps 4–16, led by val/acc", "stage 2 (unnamed): steps 16–20, led by val/loss"]
-    table = re.search(r'<table id="stage-table">.*?</table>', dom, re.S).group(0)
-    cells = [re.findall(r"<td>([^<]*)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table)][1:]
-    assert cells == [["1", "induction", "4–16", "8", "val/acc", "", "val/acc up, val/loss down, train/loss down"],
-                     ["2", "unnamed", "16–20", "18", "val/loss", "", "val/loss up"]]
-
-
-# --- issue 43: the stages over every panel; a stage's per-series bands on demand ---------------------
+# --- issue 43: the stage timeline and table; the stages over every panel; a stage's bands on demand --
 
 READ_BANDS = """<pre id="bands"></pre><script>
 window.addEventListener("load", () => {  // what the panels draw as opened, then after each of the reader's clicks
@@ -416,7 +405,8 @@ window.addEventListener("load", () => {  // what the panels draw as opened, then
       rects: RECTS.get(cv) || [], texts: (DRAWN.get(cv) || []).map(t => [t.text, t.x, t.y]),
       legend: legend(document.querySelector(`div[data-bands="${cv.dataset.title}"]`))};
     const ticked = Array.from(document.querySelectorAll("input[data-stage]")).filter(c => c.checked).map(c => c.dataset.stage);
-    seen.push({what, panels, ticked, hash: location.hash});
+    const timeline = (DRAWN.get(document.getElementById("stage-timeline")) || []).map(t => t.text);
+    seen.push({what, panels, ticked, hash: location.hash, timeline});
   };
   snap("opened");
   tick(1); snap("stage 1 ticked");
@@ -448,8 +438,9 @@ def bands_drawn(panel):
             for r in panel["rects"] if BAND.fullmatch(r["style"])}
 
 
-def test_stages_span_every_panel_and_show_their_series_bands_on_demand(edited, tmp_path, chromium):
-    """As opened, every panel shades each stage's span and names it, and no series' band; ticking a
+def test_stage_timeline_and_each_stages_series_bands_on_demand(edited, tmp_path, chromium):
+    """The stage timeline and table: one row per stage (span, name or "unnamed", lead, what
+    moved). As opened, every panel shades each stage's span and names it, and no series' band; ticking a
     stage shades exactly its members' transitions on their panels (stage 1: val/loss down 4-12 and
     train/loss's small fall 4-16 on the loss panel, val/acc up 6-9 on the accuracy panel; stage 2:
     val/loss up 16-20), unticking
@@ -461,6 +452,12 @@ def test_stages_span_every_panel_and_show_their_series_bands_on_demand(edited, t
     console, dom = open_page(chromium, page, tmp_path)
     assert not [line for line in console if "rror" in line or "Uncaught" in line], console
     seen = {s["what"]: s for s in json.loads(html.unescape(re.search(r'<pre id="bands">(.*?)</pre>', dom, re.S).group(1)))}
+    rows = [t for t in seen["opened"]["timeline"] if t.startswith("stage ")]
+    assert rows == ["stage 1 induction: steps 4–16, led by val/acc", "stage 2 (unnamed): steps 16–20, led by val/loss"]
+    table = re.search(r'<table id="stage-table">.*?</table>', dom, re.S).group(0)
+    cells = [re.findall(r"<td>([^<]*)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table)][1:]
+    assert cells == [["1", "induction", "4–16", "8", "val/acc", "", "val/acc up, val/loss down, train/loss down"],
+                     ["2", "unnamed", "16–20", "18", "val/loss", "", "val/loss up"]]
     data = payload_of(edited)
     panels = {p["title"]: p["keys"] for p in data["panels"]}
     stage_1 = {"val/loss": {("down", 4, 12)}, "train/loss": {("down", 4, 16)}, "val/acc": {("up", 6, 9)}}
