@@ -77,6 +77,9 @@ class StepTimer:
                     if cls.profile is not None:
                         cls.profile.enable()
 
+            def due_at(self, step: int, dense: bool = False) -> bool:  # it acts at step WARMUP only
+                return step == WARMUP
+
             def on_train_end(self, trainer, *args):
                 if cls.profile is not None:
                     cls.profile.disable()

@@ -6,6 +6,10 @@ answer token), `val/acc` (fraction of answer tokens right) and `val/seq_acc` (fr
 of sequences with every answer token right). A task that names a second validation set
 (`Task.val_groups`, e.g. RASP's lengths beyond those trained on) gets the same three
 under its own prefix (`val_longer/acc`, ...).
+
+On the CPU, steps between which nothing is due (logging, validation, a callback's hook) run
+several to a Lightning step (`TrainModule.chunked`): the same arithmetic, bit for bit, with
+Lightning's per-step work paid once per chunk (bench/README.md, fit_speed).
 """
 
 from __future__ import annotations
@@ -162,7 +166,80 @@ class TrainModule(pl.LightningModule):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
 
+    # --- several optimisation steps per Lightning step ---------------------------------
+
+    #: run steps in chunks where `chunked` allows (tests switch it off to compare)
+    chunks = True
+
+    @property
+    def automatic_optimization(self) -> bool:
+        """Lightning's automatic optimisation, except in chunks (`chunked`), which step the
+        optimizer themselves."""
+        return not self.chunked()
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        self._automatic_optimization = value
+
+    def chunked(self) -> bool:
+        """Whether training steps run several to a Lightning step (`_chunk`): on the CPU, with
+        the plain step, no gradient clipping or accumulation, steps counted by Lightning's
+        batches (validation every `val_check_interval` steps), and every callback that acts
+        at training steps saying at which (`_chunk_aware`)."""
+        trainer = self._trainer
+        return bool(self.chunks and trainer is not None and trainer.state.fn == "fit"
+                    and not self.hparams.get("vectorised") and not self.aux_terms
+                    and trainer.strategy.root_device.type == "cpu" and not trainer.gradient_clip_val
+                    and trainer.accumulate_grad_batches == 1 and trainer.log_every_n_steps >= 1
+                    and trainer.limit_train_batches == 1.0 and trainer.check_val_every_n_epoch is None
+                    and trainer._val_check_time_interval is None
+                    and all(_chunk_aware(cb) for cb in trainer.callbacks))
+
+    def _due_at(self, step: int) -> bool:
+        """Whether anything happens between the optimisation step that ends at `step` and the
+        next: logging, validation, the end, a stop or a signal, or a callback's hook (its
+        `due_at`, as a population asks: training/population.py)."""
+        trainer = self.trainer
+        interval = trainer.val_check_batch
+        if (step % trainer.log_every_n_steps == 0 or step >= trainer.max_steps or trainer.should_stop
+                or trainer.received_sigterm
+                or (trainer.enable_validation and isinstance(interval, int) and step % interval == 0)):
+            return True
+        dense = bool(dense_metrics_at(trainer, step))
+        return any(cb.due_at(step, dense) for cb in trainer.callbacks if hasattr(cb, "due_at"))
+
+    def _chunk(self, batch_idx: int) -> torch.Tensor | None:
+        """Optimisation steps from this one up to the next where anything is due, or one whose
+        loss is not finite: each as Lightning's automatic optimisation runs it (zero_grad,
+        backward, the optimizer's and the scheduler's step; no update where the loss is not
+        finite), on the batch of its step. Lightning's own batch is not used: after a chunk its
+        stream's position is no longer the step. Lightning's counters count each step."""
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        loop = self.trainer.fit_loop.epoch_loop
+        batch_size = self.trainer.datamodule.batch_size
+        while True:
+            loss = self._step(self.task.train_batch(self.global_step, batch_size), batch_idx)
+            opt.zero_grad()
+            if loss is not None:
+                self.manual_backward(loss)
+            opt.step()  # with no gradients (a skipped step) it changes nothing, and counts the step
+            sched.step()
+            if loss is None or self._due_at(self.global_step):
+                return loss
+            # the step just done, counted as Lightning counts a batch (validation and logging
+            # follow its counts) before the next
+            for count in (loop.batch_progress.increment_processed, loop.batch_progress.increment_completed,
+                          loop.batch_progress.increment_ready, loop.batch_progress.increment_started):
+                count()
+            loop._batches_that_stepped += 1
+
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
+        if not self.automatic_optimization:
+            return self._chunk(batch_idx)
+        return self._step(batch, batch_idx)
+
+    def _step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
+        """One training step's loss (None: no update), logged at logging steps."""
         if self.hparams.get("vectorised"):
             return self._vectorised_step(batch)
         logits = native_module(self.model)(batch.tokens)
@@ -269,6 +346,14 @@ class TrainModule(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.skipped_steps = int(checkpoint.get("phasewatch_skipped_steps", 0))
+        loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+        auto = loop.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {}).get("step")
+        manual = loop.get("epoch_loop.manual_optimization.optim_step_progress")
+        if auto and manual:  # Lightning counts steps in one of two places (`chunked`): resume from either
+            for part in ("total", "current"):
+                steps = max(auto[part]["completed"], manual[part]["completed"])
+                for tracker in (auto[part], manual[part]):
+                    tracker["ready"] = tracker["completed"] = steps
 
     def _log_step(self) -> None:
         # The step every logged value is filed under: the number of optimizer steps applied
@@ -328,6 +413,34 @@ class TrainModule(pl.LightningModule):
     def configure_optimizers(self):
         params = [p for p in self.model.parameters() if p.requires_grad]
         return adamw_with_warmup(params, self.hparams, fused=self.defer_checks)
+
+
+def _chunk_aware(callback: pl.Callback) -> bool:
+    """Whether `callback` lets training steps run in chunks: it says at which steps it acts
+    (`due_at(step, dense)`), or acts at none (no hook of a training step), or it is the
+    progress bar (drawn at the end of each chunk) or interventions that have none to run."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    from phasewatch.callbacks.interventions import Interventions
+
+    if hasattr(callback, "due_at") or isinstance(callback, TQDMProgressBar):
+        return True
+    if isinstance(callback, Interventions):
+        return not callback.items
+    return not any(is_overridden(hook, callback, pl.Callback) for hook in STEP_HOOKS)
+
+
+#: the callback hooks Lightning calls at every training step
+STEP_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
+              "on_before_optimizer_step", "on_before_zero_grad")
+
+
+def dense_metrics_at(trainer: pl.Trainer, step: int) -> set[str]:
+    """The series whose transitions under way make `step` dense for the run's watcher."""
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    return set().union(*(cb.dense_metrics(step) for cb in trainer.callbacks if isinstance(cb, TransitionWatcher)))
 
 
 def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor], batch: Batch, shared: bool,

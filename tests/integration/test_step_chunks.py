@@ -1,0 +1,81 @@
+"""Several optimisation steps per Lightning step (`TrainModule.chunked`): the same run, bit
+for bit, as one step per Lightning step: metrics.jsonl, every checkpoint's weights, and a run
+resumed from a step inside a chunk."""
+
+import shutil
+
+import pytest
+import torch
+
+from phasewatch.cli.main import main
+from phasewatch.rundir import read_jsonl
+from phasewatch.training.module import TrainModule
+
+STEPS = 30
+ARGS = ["--data.task", "Induction", "--data.task.vocab_size", "10", "--data.task.seq_len", "13",
+        "--data.task.max_len", "6", "--data.task.batch_size", "8", "--data.task.n_val", "16",
+        "--model.arch.d_model", "16", "--model.arch.n_heads", "2", "--model.arch.d_head", "8", "--model.arch.d_mlp", "32",
+        "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "10", "--trainer.log_every_n_steps", "5",
+        "--checkpoints.schedule", '{"kind": "list", "steps": [0, 13, 30]}', "--checkpoints.last_every", "7",
+        "--report.every_n_validations", "0", "--trainer.enable_progress_bar", "false", "--no_wandb"]
+TRAINING_STEP = TrainModule.training_step
+#: every step's update skipped from step 1 on (lr 1e30 at step 0 makes every later loss infinite)
+NONFINITE = ["--model.lr", "1e30", "--model.weight_decay", "0", "--model.warmup_steps", "0",
+             "--model.on_nonfinite", "skip", "--probes.names", "[]"]
+
+
+def fit(run_dir, chunks: bool, monkeypatch, *extra) -> list[int]:
+    """`phasewatch fit` with steps in chunks or not; the optimizer steps each Lightning step ran."""
+    per_call: list[int] = []
+
+    def counted(self, batch, batch_idx):
+        before = self.global_step
+        loss = TRAINING_STEP(self, batch, batch_idx)
+        # a chunk steps the optimizer itself; Lightning's automatic step follows the call
+        per_call.append(self.global_step - before if self.chunked() else 1)
+        return loss
+
+    monkeypatch.setattr(TrainModule, "chunks", chunks)
+    monkeypatch.setattr(TrainModule, "training_step", counted)
+    assert main(["fit", *ARGS, *extra, "--run_dir", str(run_dir)]) == 0
+    return per_call
+
+
+def checkpoints(run_dir) -> dict[str, tuple[int, dict[str, bytes]]]:
+    """Every checkpoint's step and weights, as bytes (NaN compares equal to NaN)."""
+    out = {}
+    for path in sorted((run_dir / "checkpoints").glob("*.ckpt")):
+        ckpt = torch.load(path, weights_only=False)
+        out[path.name] = (ckpt["global_step"], {k: v.numpy().tobytes() for k, v in ckpt["state_dict"].items()})
+    return out
+
+
+@pytest.mark.parametrize("extra", [[], NONFINITE], ids=["probes", "nonfinite-skipped"])
+def test_chunked_steps_train_log_and_save_exactly_as_one_step_at_a_time(tmp_path, monkeypatch, extra):
+    plain = fit(tmp_path / "plain", False, monkeypatch, *extra)
+    chunked = fit(tmp_path / "chunked", True, monkeypatch, *extra)
+    assert plain == [1] * STEPS and sum(chunked) == STEPS
+    if not extra:  # chunks end where anything is due: logging every 5 steps, here before that
+        assert len(chunked) < STEPS and max(chunked) > 1
+    text = (tmp_path / "plain" / "metrics.jsonl").read_text()
+    assert text and (tmp_path / "chunked" / "metrics.jsonl").read_text() == text
+    saved = checkpoints(tmp_path / "plain")
+    assert {"step=0000013.ckpt", "last.ckpt"} <= set(saved) and checkpoints(tmp_path / "chunked") == saved
+    if extra:
+        skipped = [r["train/skipped_steps"] for r in read_jsonl(tmp_path / "chunked" / "metrics.jsonl")
+                   if "train/skipped_steps" in r]
+        assert skipped[-1] == STEPS - 1
+
+
+def test_a_run_resumed_from_a_step_inside_a_chunk_goes_on_exactly(tmp_path, monkeypatch):
+    """Step 13 lies inside a chunk (logging at 10 and 15): the chunked run resumed from its
+    checkpoint there, and the same checkpoint resumed one step at a time, both write the
+    uninterrupted run's metrics and weights."""
+    fit(tmp_path / "a", True, monkeypatch, "--probes.names", "[]")
+    for chunks in (True, False):
+        run = tmp_path / f"resumed-{chunks}"
+        shutil.copytree(tmp_path / "a", run)
+        monkeypatch.setattr(TrainModule, "chunks", chunks)
+        assert main(["fit", "--run_dir", str(run), "--ckpt_path", str(run / "checkpoints" / "step=0000013.ckpt")]) == 0
+        assert (run / "metrics.jsonl").read_text() == (tmp_path / "a" / "metrics.jsonl").read_text()
+        assert checkpoints(run)["last.ckpt"] == checkpoints(tmp_path / "a")["last.ckpt"]
