@@ -10,26 +10,16 @@ from phasewatch.rundir import read_jsonl
 from phasewatch.loggers.wandb_logger import transition_summary
 
 from . import wandb_records
+from .conftest import GROKKING_RUN, copy_run
 from .test_fit import TASKS
 from .test_probes_in_training import by_step
 
-GROKKING_RUN = [*TASKS["modular_addition"], "--data.task.p", "11", "--trainer.max_steps", "300",
-                "--trainer.val_check_interval", "10", "--model.weight_decay", "0.1", "--model.arch.d_model", "32",
-                "--model.arch.d_mlp", "64", "--model.arch.n_heads", "2", "--model.arch.d_head", "16",
-                "--trainer.enable_progress_bar", "false", "--probes.names", "[]"]
-
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A 300-step grokking run without probes, logged to an offline W&B run."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("WANDB_MODE", "offline")
-    run = tmp_path_factory.mktemp("analyze") / "run"
-    try:
-        assert main(["fit", "--run_dir", str(run), *GROKKING_RUN]) == 0
-    finally:
-        mp.undo()
-    return run
+def trained(grokking_run, tmp_path_factory):
+    """A 300-step grokking run without probes, logged to an offline W&B run: the session's
+    (conftest.py), copied, as the analyses write into it."""
+    return copy_run(grokking_run, tmp_path_factory.mktemp("analyze") / "run")
 
 
 def test_analysis_goes_to_the_run_folder_and_to_a_wandb_run_of_its_own(trained, monkeypatch, capsys):

@@ -11,22 +11,15 @@ from phasewatch.rundir import RunFolder
 from phasewatch.cli.main import main
 
 from . import wandb_records
+from .conftest import copy_run
 from .test_report import open_page
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A 150-step grokking run without probes, logged to an offline W&B run."""
-    run = tmp_path_factory.mktemp("diff") / "run"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("WANDB_MODE", "offline")
-    try:
-        assert main(["fit", "--data.task.p", "23", "--data.task.frac_train", "0.7", "--trainer.max_steps", "150",
-                     "--trainer.val_check_interval", "10", "--probes.names", "[]", "--run_dir", str(run),
-                     "--trainer.enable_progress_bar", "false"]) == 0
-    finally:
-        mp.undo()
-    return run
+def run(modular_run, tmp_path_factory):
+    """A 150-step grokking run without probes, logged to an offline W&B run: the session's
+    (conftest.py), copied, as the diffs write into it."""
+    return copy_run(modular_run, tmp_path_factory.mktemp("diff") / "run")
 
 
 def _table(path):

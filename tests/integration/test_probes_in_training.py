@@ -33,9 +33,8 @@ def test_grokking_probe_runs_on_its_schedule_and_saves_arrays(tmp_path):
     assert "- grokking" in (run / "config.yaml").read_text()
 
 
-def test_digit_probe_runs_at_every_validation(tmp_path):
-    run = tmp_path / "run"
-    assert fit(run, *TASKS["digit_addition"]) == 0
+def test_digit_probe_runs_at_every_validation(tiny_runs):
+    run = tiny_runs("digit_addition")  # fit(run, *TASKS["digit_addition"]) (conftest.py)
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "digits/loss/0" in r]
     assert [r["step"] for r in rows] == [0, 4, 8, 12]  # the initial weights, then every validation
     assert all(set(r) >= {f"digits/{m}/{i}" for m in ("loss", "acc") for i in range(3)} for r in rows)

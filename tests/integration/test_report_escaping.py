@@ -36,7 +36,6 @@ from phasewatch.report.population import write_population_report
 from phasewatch.rundir import RunFolder, append_jsonl, write_csv
 from phasewatch.cli.main import main
 
-from .test_fit import TASKS, fit
 from .test_report import open_page
 
 MARK = "data-pwned"
@@ -119,12 +118,11 @@ def assert_nothing_ran(console, dom, parsed):
 
 
 @pytest.fixture(scope="module")
-def hostile_run(tmp_path_factory):
+def hostile_run(tmp_path_factory, tiny_runs):
     """A real 12-step induction run whose folder holds hostile strings wherever it holds strings."""
     base = tmp_path_factory.mktemp("escaping")
-    assert fit(base / "fitted", *TASKS["induction"]) == 0
     run = base / RUN_NAME
-    shutil.copytree(base / "fitted", run)
+    shutil.copytree(tiny_runs("induction"), run)  # fit(run, *TASKS["induction"]) (conftest.py)
     folder = RunFolder(run)
     for step in (2, 4, 8, 12):
         append_jsonl(folder.metrics, {"step": step, KEY: 1.0 / step, KEY_SCRIPT: 0.5, KEY_BREAKOUT: step / 10,

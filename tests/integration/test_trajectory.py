@@ -10,12 +10,11 @@ import yaml
 from phasewatch.rundir import RunFolder
 from phasewatch.cli.main import main
 
+from .conftest import copy_run
 
-def test_trajectory_of_a_run_and_its_place_in_the_report(tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main(["fit", "--data.task.p", "23", "--data.task.frac_train", "0.7", "--trainer.max_steps", "120",
-                 "--trainer.val_check_interval", "20", "--probes.names", "[]", "--run_dir", str(run), "--no_wandb",
-                 "--trainer.enable_progress_bar", "false"]) == 0
+
+def test_trajectory_of_a_run_and_its_place_in_the_report(tmp_path, capsys, modular_run):
+    run = copy_run(modular_run, tmp_path / "run")  # a fit's folder (conftest.py), to redraw and thin
     folder = RunFolder(run)
     checkpoints = list(folder.checkpoint_steps())
     figure = run / "figures" / "trajectory.png"
