@@ -36,9 +36,8 @@ def fit(run_dir, *args, steps=12):
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
-def test_fit_writes_the_run_folder(tmp_path, task):
-    run = tmp_path / "run"
-    assert fit(run, *TASKS[task]) == 0
+def test_fit_writes_the_run_folder(tiny_runs, task):
+    run = tiny_runs(task)  # fit(run, *TASKS[task]) (conftest.py)
     records = list(read_jsonl(run / "metrics.jsonl"))
     train = [r for r in records if "train/loss" in r]
     val = [r for r in records if "val/loss" in r]
@@ -54,23 +53,18 @@ def test_fit_writes_the_run_folder(tmp_path, task):
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
 
 
-def test_config_yaml_reruns_the_same_run(tmp_path):
-    first = tmp_path / "a"
-    assert fit(first, *TASKS["modular_addition"]) == 0
+def test_config_yaml_reruns_the_same_run(tmp_path, tiny_runs):
+    first = tiny_runs("modular_addition")  # fit(first, *TASKS["modular_addition"]) (conftest.py)
     again = tmp_path / "b"
     assert main(["fit", "--config", str(first / "config.yaml"), "--run_dir", str(again), "--no_wandb"]) == 0
     strip = lambda p: [json.dumps(r) for r in read_jsonl(p / "metrics.jsonl")]  # noqa: E731
     assert strip(first) == strip(again)
 
 
-def test_modular_training_learns(tmp_path):
-    """A small model memorises a small modular-addition training set: train accuracy rises."""
-    run = tmp_path / "run"
-    assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--data.task.p", "11",
-                 "--trainer.max_steps", "300", "--trainer.val_check_interval", "100", "--no_wandb", "--model.weight_decay", "0.1",
-                 "--model.arch.d_model", "32", "--model.arch.d_mlp", "64", "--model.arch.n_heads", "2",
-                 "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false"]) == 0
-    train = [r for r in read_jsonl(run / "metrics.jsonl") if "train/acc" in r]
+def test_modular_training_learns(grokking_run):
+    """A small model memorises a small modular-addition training set: train accuracy rises
+    (conftest.py's 300 steps on (a + b) mod 11)."""
+    train = [r for r in read_jsonl(grokking_run / "metrics.jsonl") if "train/acc" in r]
     assert train[0]["train/acc"] < 0.3 and train[-1]["train/acc"] == 1.0
 
 
