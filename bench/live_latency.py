@@ -337,7 +337,8 @@ def stage_replay(run: Path, looks: str = "validations", **settings) -> dict:
     series = watched(run)
     watcher = TransitionWatcher(**settings)
     steps = look_steps(series, looks, watcher)
-    watcher.plan(steps[-1], looks=len(steps))
+    validations = [int(x) for x in series["val/loss"][0]]
+    watcher.plan(steps[-1], len(steps), len(watcher.look_steps(steps[-1], validations, grid=False)))
     news, lines = [], []
     for look in steps:
         final = look == steps[-1]

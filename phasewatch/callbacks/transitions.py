@@ -49,10 +49,9 @@ SURE = 10.0
 #: detector confidence or more (~1.7 standard errors past the tests: a run looks hundreds of times,
 #: and a change that only just passes in one look is often noise that the next one drops)
 SURE_ENOUGH = 0.95
-#: the bars above (and `departure_z`) are those of a run of this many looks (the quickstart's
-#: 120 validations, on which they were set: bench/README.md); a run that plans more looks raises
-#: them so that its chance of a false alarm per series stays the same (`bar_for`)
-REFERENCE_LOOKS = 120
+#: the bars above (and `departure_z`) were set for a look at every validation (bench/README.md);
+#: a run whose grid adds looks raises them so that its chance of a false alarm per series stays
+#: that of its validations alone (`bar_for`)
 #: besides every validation, a look at each step of a log-spaced grid of this many points (the
 #: probes' default schedule: 60), dense early where validations are sparse
 LOOKS = 60
@@ -65,15 +64,15 @@ SHOWN_FRACTION = 0.05
 SHOWN_FACTOR = 10**DECADE_CHANGE
 
 
-def bar_for(z: float, looks: int) -> float:
-    """The bar of a per-look test (`z` standard errors, one-sided, at `REFERENCE_LOOKS` looks)
-    in a run that plans `looks` looks: each look is a test, and the run's chance of a false
-    alarm is at most the sum of theirs (Bonferroni), so each gets `REFERENCE_LOOKS / looks`
-    of the reference's tail probability; never below `z` (docs/phases.md, "When the watcher looks")."""
-    if looks <= REFERENCE_LOOKS:
+def bar_for(z: float, looks: int, reference: int) -> float:
+    """The bar of a per-look test (`z` standard errors, one-sided, set for `reference` looks) in
+    a run that plans `looks` looks: each look is a test, and the run's chance of a false alarm
+    is at most the sum of theirs (Bonferroni), so each gets `reference / looks` of the tail
+    probability at `z`; never below `z` (docs/phases.md, "When the watcher looks")."""
+    if looks <= reference:
         return float(z)
     tail = 0.5 * math.erfc(z / math.sqrt(2))  # P(Z > z), exact far out where 1 - cdf is 0
-    return -NormalDist().inv_cdf(tail * REFERENCE_LOOKS / looks)
+    return -NormalDist().inv_cdf(tail * reference / looks)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -140,7 +139,7 @@ class TransitionWatcher(pl.Callback):
         points)...
     looks: ... and also at the steps of a log-spaced grid of this many points (`look_steps`: 0,
         at validations only). The bars of the tests (`departure_z`, `SURE`, `SURE_ENOUGH`) rise
-        with the number of looks the run plans (`bar_for`).
+        with the looks the grid adds (`bar_for`).
     settle: confirm a transition once the run has reached `settle` x its end step...
     points_after: ... and the series has this many values after its end (at the end of
         training every transition found is confirmed).
@@ -176,7 +175,7 @@ class TransitionWatcher(pl.Callback):
         self.dense_count, self.departure_z, self.verbose = dense_count, float(departure_z), bool(verbose)
         self.looks = int(looks)
         self._look_grid: set[int] = set()
-        self._planned = REFERENCE_LOOKS  # the looks the run plans (`plan`): the bars are set for them
+        self._planned = self._reference = 1  # the looks the run plans, and at validations alone (`plan`)
         self._last_look: int | None = None
         self.reported: list[dict[str, Any]] = []  # every event reported, in order
         self.pending: list[dict[str, Any]] = []  # onsets not yet confirmed or withdrawn
@@ -218,26 +217,30 @@ class TransitionWatcher(pl.Callback):
         interval = getattr(trainer, "val_check_interval", None)
         every = interval if isinstance(interval, int) and interval > 0 else None
         validations = list(range(every, trainer.max_steps + 1, every)) if every and trainer.max_steps > 0 else []
-        self.plan(trainer.max_steps, len(self.look_steps(trainer.max_steps, validations)) if trainer.max_steps > 0 else None)
+        if trainer.max_steps > 0 and validations:
+            self.plan(trainer.max_steps, len(self.look_steps(trainer.max_steps, validations)),
+                      len(self.look_steps(trainer.max_steps, validations, grid=False)))
+        else:  # looks not known ahead: the bars as given
+            self.plan(trainer.max_steps)
 
-    def look_steps(self, max_steps: int, validations: list[int]) -> list[int]:
+    def look_steps(self, max_steps: int, validations: list[int], grid: bool = True) -> list[int]:
         """The steps a run of `max_steps` steps looks at, given its validation steps: every
         `every`-th validation, the steps of a log-spaced grid of `looks` points (the grid's step
-        0 left out: nothing is logged yet) and the last step."""
-        grid = Schedule(kind="log", count=self.looks).resolve(max_steps) if self.looks and max_steps > 0 else []
+        0 left out: nothing is logged yet; none with `grid=False`) and the last step."""
+        grid = Schedule(kind="log", count=self.looks).resolve(max_steps) if grid and self.looks and max_steps > 0 else []
         return sorted((set(grid) - {0}) | set(validations[self.every - 1::self.every]) | {max_steps})
 
-    def plan(self, max_steps: int, looks: int | None = None) -> None:
+    def plan(self, max_steps: int, looks: int | None = None, validations: int | None = None) -> None:
         """Lay out a run of `max_steps` steps: the look grid (`look_steps`), the dense grid
-        (adaptive resolution) and the bars for the `looks` it plans in all (`bar_for`; None:
-        the reference's)."""
+        (adaptive resolution) and the bars for the `looks` it plans in all against the
+        `validations` looks it would make without the grid (`bar_for`; None: the bars as given)."""
         self._look_grid = set(self.look_steps(max_steps, [])) - {max_steps} if max_steps > 0 else set()
-        self._planned = looks or REFERENCE_LOOKS
+        self._planned, self._reference = (looks, validations) if looks and validations else (1, 1)
         self._dense_steps = set(Schedule(kind="log", count=self.dense_count).resolve(max_steps)) if self.dense else set()
 
     def bar(self, z: float) -> float:
         """`bar_for(z)` at the looks this run plans."""
-        return bar_for(z, self._planned)
+        return bar_for(z, self._planned, self._reference)
 
     def dense_now(self, step: int) -> bool:
         """Whether checkpoints run at `step` for adaptive resolution: it is on the dense grid,
@@ -429,7 +432,7 @@ class TransitionWatcher(pl.Callback):
                 "candidates": self._candidates, "looked": self._looked, "departed": self._departed,
                 "under_way": self._fits_under_way, "stages": [s.to_dict() for s in self.stages],
                 "said": {str(k): v for k, v in self._said.items()},
-                "begun": {str(k): s.to_dict() for k, s in self._begun.items()}}
+                "begun": {str(k): s.to_dict() for k, s in self._begun.items()}, "last_look": self._last_look}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reported = list(state_dict.get("reported", []))
@@ -442,6 +445,7 @@ class TransitionWatcher(pl.Callback):
         self.stages = [Stage.from_dict(s) for s in state_dict.get("stages", [])]
         self._said = {int(k): v for k, v in state_dict.get("said", {}).items()}
         self._begun = {int(k): Stage.from_dict(s) for k, s in state_dict.get("begun", {}).items()}
+        self._last_look = state_dict.get("last_look")  # a look at the resumed step that was made is not made again
 
 
 def _levels(event: dict, series: dict) -> tuple[float, float]:

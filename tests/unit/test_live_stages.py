@@ -82,5 +82,5 @@ def test_a_change_under_way_below_an_onsets_bar_makes_no_stage_begin():
     sure = [change("val/acc", 50, 70, 90, "up", under_way=True, confidence=0.96)]
     assert [n[0] for n in look(TransitionWatcher(), 100, [], sure)] == ["begins"]
     many = TransitionWatcher()
-    many.plan(3000, 400)  # 400 looks: the bar is a confidence of 0.985
+    many.plan(3000, 400, 120)  # 400 looks where validations make 120: the bar is a confidence of 0.985
     assert look(many, 100, [], sure) == []

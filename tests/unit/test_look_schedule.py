@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import phasewatch.probes  # noqa: F401  (the probes' declarations: headline keys, stage rules)
-from phasewatch.callbacks.transitions import REFERENCE_LOOKS, TransitionWatcher, bar_for
+from phasewatch.callbacks.transitions import TransitionWatcher, bar_for
 
 
 def tail(z):
@@ -16,12 +16,13 @@ def tail(z):
 
 
 @pytest.mark.parametrize("z", [1.645, 5.0, 10.0])
-def test_the_bar_keeps_the_runs_false_alarm_chance_of_the_reference_looks(z):
-    # up to the reference's looks the bar is the one given; with k times as many, each look's
-    # test passes noise k times less often, so that k times the looks add up to the same chance
-    assert bar_for(z, 10) == bar_for(z, REFERENCE_LOOKS) == z
+def test_the_bar_keeps_the_runs_false_alarm_chance_of_its_validations_alone(z):
+    # with the validations' looks only the bar is the one given; with k times as many looks,
+    # each look's test passes noise k times less often, so that k times the looks add up to
+    # the same chance
+    assert bar_for(z, 30, 30) == z
     for k in (2, 10, 100):
-        raised = bar_for(z, k * REFERENCE_LOOKS)
+        raised = bar_for(z, k * 30, 30)
         assert raised > z
         assert k * tail(raised) == pytest.approx(tail(z), rel=1e-6)
 
@@ -35,9 +36,11 @@ def test_looks_are_log_spaced_besides_the_validations_and_the_population_skips_t
     assert early[:10] == list(range(1, 11)) and len(early) > 20  # dense where validations are not yet
     gaps = np.diff([s for s in steps if s >= 1000])
     assert gaps.max() <= 100  # late on, the validations are the denser schedule
-    w.plan(3000, len(steps))
+    w.plan(3000, len(steps), len(validations))
     assert all(w.due_at(s) for s in early) and not w.due_at(150) and not w.due_at(3000)
     assert TransitionWatcher(looks=0).look_steps(3000, validations) == validations
+    assert w.look_steps(3000, validations, grid=False) == validations
+    assert w.bar(5.0) == bar_for(5.0, len(steps), len(validations)) > 5.0
 
 
 def logged(steps, f, seed):
@@ -45,9 +48,10 @@ def logged(steps, f, seed):
     return np.asarray(steps), f(np.asarray(steps, dtype=float)) + rng.normal(0, 0.01, len(steps))
 
 
-def replay(watcher, series, looks, last):
-    """The watcher's stage news when it looks at `looks` (the look at `last` final)."""
-    watcher.plan(last, len(looks))
+def replay(watcher, series, looks, last, validations):
+    """The watcher's stage news when it looks at `looks` (the look at `last` final), in a run
+    that validates at `validations`."""
+    watcher.plan(last, len(looks), len(validations))
     news = []
     for step in looks:
         cut = {k: (s[s <= step], v[s <= step]) for k, (s, v) in series.items() if (s <= step).any()}
@@ -70,8 +74,9 @@ def test_a_planted_early_stage_is_announced_before_its_midpoint_by_the_log_space
     series = {key: logged(PROBES, drop(60), seed) for seed, key in
               enumerate(("grok/restricted_loss", "grok/excluded_loss"))}
     w = TransitionWatcher(looks=60)
-    looks = [s for s in w.look_steps(3000, list(range(100, 3001, 100))) if s <= 300]
-    news = replay(w, series, looks, 3000)
+    validations = list(range(100, 3001, 100))
+    looks = [s for s in w.look_steps(3000, validations) if s <= 300]
+    news = replay(w, series, looks, 3000, validations)
     first = min(step for step, what, _ in news if what == "begins")
     assert first < 60
     assert [what for _, what, _ in news].count("withdrawn") == 0
@@ -82,6 +87,7 @@ def test_noise_makes_no_stage_over_every_look_of_a_run():
     series = {"train/loss": logged(np.arange(9, 3000, 10), lambda s: 1 + 0 * s, 1),
               "grok/restricted_loss": logged(PROBES, lambda s: 1 + 0 * s, 2)}
     w = TransitionWatcher(looks=60)
-    looks = w.look_steps(3000, list(range(25, 3001, 25)))
-    assert len(looks) > REFERENCE_LOOKS
-    assert replay(w, series, looks, 3000) == [] and w.reported == []
+    validations = list(range(25, 3001, 25))
+    looks = w.look_steps(3000, validations)
+    assert len(looks) > 160
+    assert replay(w, series, looks, 3000, validations) == [] and w.reported == []
