@@ -47,6 +47,10 @@ def _child(args: list[str], output: str, env: dict[str, str], append: bool, new_
     os.close(fd)
     os.environ.clear()
     os.environ.update(env)
+    if env.get("OMP_NUM_THREADS", "").isdigit():  # read when torch loads, in the server: set it as a new process would
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     sys.argv = ["phasewatch", *args]
     from phasewatch.cli.main import console_main
 
