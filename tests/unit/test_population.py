@@ -145,7 +145,8 @@ def test_members_of_other_architectures_are_refused():
 def _scheduled_callbacks(tmp_path, pending_at: int | None):
     """A member's schedule-driven callbacks over 30 steps: probes at [0, 6, 12], checkpoints at
     [0, 7] and last.ckpt every 5, and a watcher with a 10-point dense grid
-    {0, 1, 2, 3, 5, 7, 10, 14, 21, 30}, its onset found at `pending_at` (dense up to 3x it)."""
+    {0, 1, 2, 3, 5, 7, 10, 14, 21, 30}, its onset found at `pending_at` (dense up to 3x it), that
+    looks at validations only (`looks` 0: a grid of looks would be due at its steps as well)."""
     from types import SimpleNamespace
 
     from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
@@ -156,7 +157,7 @@ def _scheduled_callbacks(tmp_path, pending_at: int | None):
 
     runner = ProbeRunner(names=["grokking"], schedule=Schedule(kind="list", steps=[0, 6, 12]))
     saver = ScheduledCheckpoints(dirpath=str(tmp_path), schedule=Schedule(kind="list", steps=[0, 7]), last_every=5)
-    watcher = TransitionWatcher(dense_count=10)
+    watcher = TransitionWatcher(dense_count=10, looks=0)
     trainer = SimpleNamespace(max_steps=30, callbacks=[runner, watcher, saver], global_step=0, received_sigterm=False)
     runner.setup(trainer, SimpleNamespace(task=ModularAddition(p=7)), "fit")
     saver.setup(trainer, None, "fit")
