@@ -212,17 +212,21 @@ class TrainModule(pl.LightningModule):
         """Optimisation steps from this one up to the next where anything is due, or one whose
         loss is not finite: each as Lightning's automatic optimisation runs it (zero_grad,
         backward, the optimizer's and the scheduler's step; no update where the loss is not
-        finite), on the batch of its step. Lightning's own batch is not used: after a chunk its
+        finite), on the batch of its step, without Lightning's hooks around each (no callback
+        that `chunked` allows has any). Lightning's own batch is not used: after a chunk its
         stream's position is no longer the step. Lightning's counters count each step."""
-        opt, sched = self.optimizers(), self.lr_schedulers()
+        optimizer, sched = self.optimizers().optimizer, self.lr_schedulers()
         loop = self.trainer.fit_loop.epoch_loop
+        steps = loop.manual_optimization.optim_step_progress  # Lightning's global_step
         batch_size = self.trainer.datamodule.batch_size
         while True:
             loss = self._step(self.task.train_batch(self.global_step, batch_size), batch_idx)
-            opt.zero_grad()
+            optimizer.zero_grad()
             if loss is not None:
-                self.manual_backward(loss)
-            opt.step()  # with no gradients (a skipped step) it changes nothing, and counts the step
+                loss.backward()
+            steps.increment_ready()
+            optimizer.step()  # with no gradients (a skipped step) it changes nothing
+            steps.increment_completed()
             sched.step()
             if loss is None or self._due_at(self.global_step):
                 return loss
