@@ -46,6 +46,17 @@ class TrainingProgressBar(TQDMProgressBar):
     """One bar for training, its postfix showing the latest train and val metrics; no
     extra bar per validation (grokking runs validate hundreds of times)."""
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """The bar counts optimisation steps (`trainer.global_step`), not Lightning's batches:
+        a Lightning step can run several (`TrainModule.chunked`). Drawn when the count passes
+        a multiple of the refresh rate, and at the end."""
+        bar, steps = self._train_progress_bar, trainer.global_step
+        if bar is None or bar.disable or not (steps // self.refresh_rate > bar.n // self.refresh_rate
+                                              or steps == bar.total):
+            return
+        bar.n = steps
+        bar.set_postfix(self.get_metrics(trainer, pl_module))  # redraws the bar
+
     def on_validation_start(self, trainer, pl_module) -> None:
         pass
 

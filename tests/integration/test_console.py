@@ -56,3 +56,21 @@ def test_event_lines_never_share_a_line_with_the_progress_bar(tmp_path, capsys, 
     mixed = [s for s in lines if "phasewatch: " in s and any(b in s for b in BAR)]
     assert not mixed, mixed
     assert all(s.startswith("phasewatch: step") for s in events), events
+
+
+def test_the_progress_bar_counts_optimisation_steps_though_a_lightning_step_runs_several(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """On the CPU a Lightning step runs several optimisation steps (`TrainModule.chunked`): the bar
+    still counts steps, up to max_steps at the end, never down (it showed the first step of each
+    chunk: 51 of 60 at the end)."""
+    import re
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert main(["fit", "--run_dir", str(tmp_path / "run"), *TASKS["modular_addition"], "--data.task.p", "11",
+                 "--trainer.max_steps", "60", "--trainer.val_check_interval", "30", "--trainer.log_every_n_steps", "10",
+                 "--model.arch.d_model", "16", "--model.arch.d_mlp", "32", "--model.arch.n_heads", "2",
+                 "--model.arch.d_head", "8", "--probes.names", "[]", "--transitions.looks", "0", "--no_wandb"]) == 0
+    counts = [int(n) for n, total in re.findall(r"\| *(\d+)/(\d+) \[", capsys.readouterr().out) if total == "60"]
+    assert counts and counts[-1] == 60, counts
+    assert counts == sorted(counts), counts
+    assert {10, 20, 30, 40, 50} <= set(counts), counts  # drawn at each refresh (1 step here) a chunk ended at
