@@ -49,9 +49,10 @@ SURE = 10.0
 #: detector confidence or more (~1.7 standard errors past the tests: a run looks hundreds of times,
 #: and a change that only just passes in one look is often noise that the next one drops)
 SURE_ENOUGH = 0.95
-#: the bars above (and `departure_z`) were set for a look at every validation (bench/README.md);
-#: a run whose grid adds looks raises them so that its chance of a false alarm per series stays
-#: that of its validations alone (`bar_for`)
+# the bars above (and `departure_z`) were set for a look at every validation (bench/README.md);
+# a run whose grid adds looks raises them so that its chance of a false alarm per series stays
+# that of its validations alone (`bar_for`)
+
 #: besides every validation, a look at each step of a log-spaced grid of this many points (the
 #: probes' default schedule: 60), dense early where validations are sparse
 LOOKS = 60
@@ -227,8 +228,8 @@ class TransitionWatcher(pl.Callback):
         """The steps a run of `max_steps` steps looks at, given its validation steps: every
         `every`-th validation, the steps of a log-spaced grid of `looks` points (the grid's step
         0 left out: nothing is logged yet; none with `grid=False`) and the last step."""
-        grid = Schedule(kind="log", count=self.looks).resolve(max_steps) if grid and self.looks and max_steps > 0 else []
-        return sorted((set(grid) - {0}) | set(validations[self.every - 1::self.every]) | {max_steps})
+        grid_steps = Schedule(kind="log", count=self.looks).resolve(max_steps) if grid and self.looks and max_steps > 0 else []
+        return sorted((set(grid_steps) - {0}) | set(validations[self.every - 1::self.every]) | {max_steps})
 
     def plan(self, max_steps: int, looks: int | None = None, validations: int | None = None) -> None:
         """Lay out a run of `max_steps` steps: the look grid (`look_steps`), the dense grid
