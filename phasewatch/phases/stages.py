@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from phasewatch.phases.detector import detect_all
+from phasewatch.phases.scale import LOG, watch_scale
 from phasewatch.rundir import read_jsonl
 
 #: transitions are one stage while their midpoints are one time up to their own widths at this
@@ -294,8 +295,8 @@ def _joined(events: list[dict], series: dict) -> list[dict]:
     direction, each beginning where the last ended up to the timing resolution (`MIN_WIDTH`, or
     the gap between its logged steps there), are one change (the detector cuts a fall through
     decades where its rate changes). A joined event is one change over its pieces' span, its
-    midpoint that span's centre in log-step time (as for a logistic change), its `pieces` the
-    events it joins."""
+    midpoint where the series has made half of that change (`_half_way`, as the detector's
+    midpoint of one piece), its `pieces` the events it joins."""
     out, runs = [], {}
     for e in sorted(events, key=lambda e: (_times(e)[0], _times(e)[2])):
         if e.get("kind", "transition") != "transition":
@@ -312,8 +313,29 @@ def _joined(events: list[dict], series: dict) -> list[dict]:
             out.append(runs[e["metric"], e["direction"]])
     for e in out:
         if len(e.get("pieces", ())) > 1:
-            e["midpoint"] = int(round(math.sqrt(max(e["onset"], 1) * max(e["end"], 1))))
+            e["midpoint"] = _half_way(series.get(e["metric"]), e)
     return out
+
+
+def _half_way(data, event: dict) -> int:
+    """The step at which a series has made half of its change from an event's onset to its end,
+    on the scale the detector watched it (the event's `scale`, else `watch_scale`'s), interpolated
+    in log-step between its logged steps (the detector's midpoint of a change); the span's
+    centre in log-step time where the series cannot tell."""
+    onset, end = (math.log10(max(float(event[k]), 1.0)) for k in ("onset", "end"))
+    centre = int(round(10 ** ((onset + end) / 2)))
+    points = _points(data)
+    if points is None:
+        return centre
+    t, values = np.log10(np.maximum(points[0], 1.0)), points[1]
+    if (event.get("scale") or watch_scale(values)) == LOG and np.all(values > 0):
+        values = np.log10(values)
+    grid = np.linspace(onset, end, 512)
+    curve = np.interp(grid, t, values)
+    if curve[-1] == curve[0]:
+        return centre
+    progress = np.maximum.accumulate((curve - curve[0]) / (curve[-1] - curve[0]))
+    return int(round(10 ** grid[min(int(np.searchsorted(progress, 0.5)), len(grid) - 1)]))
 
 
 def _group(events: list[dict], series: dict, rules: StageRules, level: float) -> list[list[dict]]:
