@@ -22,8 +22,12 @@ from typing import Any, Iterator
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, IterableDataset
 
+from phasewatch.callbacks.interventions import Interventions
+from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.models import ModelConfig, build_model, native_module, parameters_kept
 from phasewatch.errors import ConfigError, require, require_int  # noqa: F401
 from phasewatch.tasks.base import Batch, Task, masked_loss, masked_loss_and_acc
@@ -162,6 +166,7 @@ class TrainModule(pl.LightningModule):
         # auxiliary loss terms: callables (module) -> {name: weighted scalar tensor}, added
         # to the training loss (callbacks/interventions.py's aux_loss)
         self.aux_terms: list = []
+        self._fit_plan: FitPlan | None = None  # what this fit decided once (`on_train_start`)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -185,8 +190,15 @@ class TrainModule(pl.LightningModule):
         """Whether training steps run several to a Lightning step (`_chunk`): on the CPU, with
         the plain step, no gradient clipping or accumulation, steps counted by Lightning's
         batches (validation every `val_check_interval` steps), and every callback that acts
-        at training steps saying at which (`_chunk_aware`)."""
+        at training steps saying at which (`_chunk_aware`). Decided when a fit's training
+        starts (`on_train_start`, a resumed fit's too): Lightning asks several times a step."""
         trainer = self._trainer
+        plan = self._fit_plan
+        if plan is not None and plan.trainer is trainer and trainer.state.fn == "fit":
+            return plan.chunked
+        return self._chunkable(trainer)
+
+    def _chunkable(self, trainer: pl.Trainer | None) -> bool:
         return bool(self.chunks and trainer is not None and trainer.state.fn == "fit"
                     and not self.hparams.get("vectorised") and not self.aux_terms
                     and trainer.strategy.root_device.type == "cpu" and not trainer.gradient_clip_val
@@ -194,6 +206,13 @@ class TrainModule(pl.LightningModule):
                     and trainer.limit_train_batches == 1.0 and trainer.check_val_every_n_epoch is None
                     and trainer._val_check_time_interval is None
                     and all(_chunk_aware(cb) for cb in trainer.callbacks))
+
+    def on_train_start(self) -> None:
+        self._fit_plan = None  # decided afresh for this fit
+        self._fit_plan = FitPlan.of(self.trainer, self._chunkable(self.trainer))
+
+    def on_train_end(self) -> None:
+        self._fit_plan = None
 
     def _due_at(self, step: int) -> bool:
         """Whether anything happens between the optimisation step that ends at `step` and the
@@ -205,8 +224,9 @@ class TrainModule(pl.LightningModule):
                 or trainer.received_sigterm
                 or (trainer.enable_validation and isinstance(interval, int) and step % interval == 0)):
             return True
-        dense = bool(dense_metrics_at(trainer, step))
-        return any(cb.due_at(step, dense) for cb in trainer.callbacks if hasattr(cb, "due_at"))
+        plan = self._fit_plan
+        dense = any(watcher.dense_now(step) for watcher in plan.watchers)
+        return any(cb.due_at(step, dense) for cb in plan.due)
 
     def _chunk(self, batch_idx: int) -> torch.Tensor | None:
         """Optimisation steps from this one up to the next where anything is due, or one whose
@@ -423,11 +443,6 @@ def _chunk_aware(callback: pl.Callback) -> bool:
     """Whether `callback` lets training steps run in chunks: it says at which steps it acts
     (`due_at(step, dense)`), or acts at none (no hook of a training step), or it is the
     progress bar (drawn at the end of each chunk) or interventions that have none to run."""
-    from lightning.pytorch.callbacks import TQDMProgressBar
-    from lightning.pytorch.utilities.model_helpers import is_overridden
-
-    from phasewatch.callbacks.interventions import Interventions
-
     if hasattr(callback, "due_at") or isinstance(callback, TQDMProgressBar):
         return True
     if isinstance(callback, Interventions):
@@ -440,11 +455,21 @@ STEP_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward"
               "on_before_optimizer_step", "on_before_zero_grad")
 
 
-def dense_metrics_at(trainer: pl.Trainer, step: int) -> set[str]:
-    """The series whose transitions under way make `step` dense for the run's watcher."""
-    from phasewatch.callbacks.transitions import TransitionWatcher
+@dataclasses.dataclass(frozen=True)
+class FitPlan:
+    """What a fit decides once, when its training starts: whether its steps run in chunks, the
+    callbacks that say when they act (`due_at`) and its transition watchers (dense steps)."""
 
-    return set().union(*(cb.dense_metrics(step) for cb in trainer.callbacks if isinstance(cb, TransitionWatcher)))
+    trainer: pl.Trainer
+    chunked: bool
+    due: tuple
+    watchers: tuple
+
+    @classmethod
+    def of(cls, trainer: pl.Trainer, chunked: bool) -> "FitPlan":
+        callbacks = trainer.callbacks
+        return cls(trainer, chunked, tuple(cb for cb in callbacks if hasattr(cb, "due_at")),
+                   tuple(cb for cb in callbacks if isinstance(cb, TransitionWatcher)))
 
 
 def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
