@@ -10,8 +10,9 @@ loggers that record events (the run folder's events, W&B). The console gets the 
 (`phases.stages`: begins, confirmed with the levels of its headline series, withdrawn; every
 per-series event only with `verbose`), clear of the progress bar (`callbacks.console.say`).
 While an onset is pending, checkpoints and probes also run on a denser log-spaced grid
-(`dense_now`, `dense_metrics`, `dense_probes`: adaptive resolution). State is kept in
-checkpoints, so a resumed run reports nothing twice. The rules: docs/phases.md, "Watching live".
+(`dense_now`, `dense_metrics`, `dense_probes`: adaptive resolution), and the training metrics
+are logged densely early (`logged_at`). State is kept in checkpoints, so a resumed run reports
+nothing twice. The rules: docs/phases.md, "Watching live".
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ SURE_ENOUGH = 0.95
 #: besides every validation, a look at each step of a log-spaced grid of this many points (the
 #: probes' default schedule: 60), dense early where validations are sparse
 LOOKS = 60
+#: the configs' `transitions.logs_per_doubling`: the training metrics logged at least this many
+#: times per doubling of the step (every step up to this step, every 2nd up to twice it, ...)
+#: until the trainer's `log_every_n_steps` is denser: the detector fits a change from ~8 points,
+#: and a change early in training spans few steps (quickstart_tiny's memorisation: steps ~20-80,
+#: 4 points by its midpoint when logged every 10 steps)
+LOGS_PER_DOUBLING = 16
 
 
 #: a confirmed stage's line gives the levels of a headline series that moved in it by at least
@@ -74,6 +81,19 @@ def bar_for(z: float, looks: int, reference: int) -> float:
         return float(z)
     tail = 0.5 * math.erfc(z / math.sqrt(2))  # P(Z > z), exact far out where 1 - cdf is 0
     return -NormalDist().inv_cdf(tail * reference / looks)
+
+
+def logged_at(step: int, every: int, per_doubling: int) -> bool:
+    """Whether the training metrics are logged at `step` (the trainer's count after that step's
+    update, as Lightning's `log_every_n_steps` counts): every `every` steps, and early on also
+    at the multiples of the largest power of two <= step / `per_doubling` below `every` (0: every
+    `every` steps only; `every` 0: never)."""
+    if every < 1 or step % every == 0:
+        return every >= 1
+    if per_doubling <= 0:
+        return False
+    gap = 1 << max(0, (step // per_doubling).bit_length() - 1)
+    return gap < every and step % gap == 0
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -159,12 +179,15 @@ class TransitionWatcher(pl.Callback):
     verbose: also print every per-series event (onsets, withdrawals, confirmed transitions of
         every watched series); by default the console gets the stages only (`_stage_line`).
         Every event goes to the loggers either way.
+    logs_per_doubling: log the training metrics early on at least this many times per doubling
+        of the step, besides every `trainer.log_every_n_steps` (`logged_at`; the configs give
+        `LOGS_PER_DOUBLING`; 0: not; a population's members log every `log_every_n_steps`).
     """
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
                  points_after: int = 3, regrow: float = 0.1, dense: bool = True, dense_count: int = 200, dense_for: float = 3.0,
                  departures: bool = True, departure_z: float = DEPARTURE_Z, verbose: bool = False,
-                 looks: int = LOOKS):
+                 looks: int = LOOKS, logs_per_doubling: int = 0):
         self.metrics, self.every, self.settle, self.departures = metrics, max(1, int(every_n_validations)), settle, departures
         self.points_after, self.regrow, self.dense, self.dense_for = points_after, regrow, dense, dense_for
         require_int(dense_count, "transitions.dense_count", 2)
@@ -175,6 +198,9 @@ class TransitionWatcher(pl.Callback):
         require_int(looks, "transitions.looks", 0)
         self.dense_count, self.departure_z, self.verbose = dense_count, float(departure_z), bool(verbose)
         self.looks = int(looks)
+        require_int(logs_per_doubling, "transitions.logs_per_doubling", 0)
+        self.logs_per_doubling = int(logs_per_doubling)
+        self._log_every = 0  # the trainer's log_every_n_steps, where this watcher logs densely early (`setup`)
         self._look_grid: set[int] = set()
         self._planned = self._reference = 1  # the looks the run plans, and at validations alone (`plan`)
         self._last_look: int | None = None
@@ -203,18 +229,28 @@ class TransitionWatcher(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
         # after the probes of this step (ProbeRunner's hook comes first), before its batch
         step = trainer.global_step
+        if self._log_every > 1:  # Lightning and TrainModule read it before this step's update
+            trainer.log_every_n_steps = 1 if logged_at(step + 1, self._log_every, self.logs_per_doubling) else self._log_every
         if step in self._look_grid and step != self._last_look and not trainer.sanity_checking:
             self.look(trainer, step)
 
     def due_at(self, step: int, dense: bool = False) -> bool:
-        """Whether the watcher acts at the start of `step` (a look of its grid: `look_steps`);
-        a population leaves it out of the other steps (training/population.py)."""
-        return step in self._look_grid
+        """Whether the watcher acts at the start of `step` (a look of its grid: `look_steps`; the
+        step before one logged early: `logged_at`); a population leaves it out of the other
+        steps (training/population.py)."""
+        return step in self._look_grid or (self._log_every > 1 and logged_at(step + 1, self._log_every,
+                                                                             self.logs_per_doubling))
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._log_every > 1:
+            trainer.log_every_n_steps = self._log_every
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.look(trainer, trainer.global_step, final=True)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        member = getattr(trainer, "member", None)  # a population's member logs as the population does
+        self._log_every = 0 if member or not self.logs_per_doubling else int(trainer.log_every_n_steps or 0)
         interval = getattr(trainer, "val_check_interval", None)
         every = interval if isinstance(interval, int) and interval > 0 else None
         validations = list(range(every, trainer.max_steps + 1, every)) if every and trainer.max_steps > 0 else []

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import phasewatch.probes  # noqa: F401  (the probes' declarations: headline keys, stage rules)
-from phasewatch.callbacks.transitions import TransitionWatcher, bar_for
+from phasewatch.callbacks.transitions import TransitionWatcher, bar_for, logged_at
 
 
 def tail(z):
@@ -91,3 +91,34 @@ def test_noise_makes_no_stage_over_every_look_of_a_run():
     looks = w.look_steps(3000, validations)
     assert len(looks) > 160
     assert replay(w, series, looks, 3000, validations) == [] and w.reported == []
+
+
+def test_metrics_are_logged_log_spaced_early_then_every_n_steps():
+    # 16 a doubling: every step to 31, every 2nd to 63, every 4th to 127, every 8th to 255
+    logged = [s for s in range(1, 601) if logged_at(s, 10, 16)]
+    assert logged[:31] == list(range(1, 32)) and {34, 62, 68, 136, 248} <= set(logged)
+    assert not {33, 63, 66, 132, 252} & set(logged)
+    assert [s for s in logged if s > 255] == list(range(260, 601, 10))  # then the trainer's own spacing
+    assert all(logged_at(s, 10, 16) for s in range(10, 601, 10))  # which it never leaves out
+    for octave in (2, 4, 8):  # 16 points or more in each doubling of the step before that
+        assert sum(16 * octave <= s < 32 * octave for s in logged) >= 16
+    assert [s for s in range(1, 601) if logged_at(s, 10, 0)] == list(range(10, 601, 10))
+    assert not any(logged_at(s, 0, 16) for s in range(1, 50))  # no logging stays none
+
+
+def test_an_early_stage_is_announced_before_its_midpoint_only_when_the_metrics_are_logged_densely_early():
+    # the training loss and accuracy change together around step 44 (as quickstart_tiny's
+    # memorisation) in a 900-step run validating every 25 steps: logged every 10 steps they
+    # have 4 points by the midpoint, too few for any test; logged 16 times a doubling, ~38
+    validations = list(range(25, 901, 25))
+    w = TransitionWatcher(looks=60)
+    looks = [s for s in w.look_steps(900, validations) if s <= 300]
+    said = {}
+    for per_doubling in (0, 16):
+        steps = np.array([s for s in range(1, 901) if logged_at(s, 10, per_doubling)])
+        series = {"train/loss": logged(steps, drop(44, 0.4), 1),
+                  "train/acc": logged(steps, lambda s: 3.0 - drop(44, 0.4)(s), 2)}
+        news = replay(TransitionWatcher(looks=60), series, looks, 900, validations)
+        said[per_doubling] = min((step for step, what, _ in news if what == "begins"), default=None)
+        assert [what for _, what, _ in news].count("withdrawn") == 0
+    assert said[16] < 44 and (said[0] is None or said[0] > 44)
