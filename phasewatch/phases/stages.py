@@ -118,13 +118,16 @@ class Signature:
         return (all(self._has(e, moved | spanned) for e in self.moves)
                 and not any(self._has(e, moved) for e in self.absent))
 
-    def spanned(self, series: dict, onset: int, end: int) -> set[tuple[str, str]]:
+    def spanned(self, series: dict, onset: int, end: int,
+                elsewhere: set[tuple[str, str]] = frozenset()) -> set[tuple[str, str]]:
         """The moves of `during` that the series make from `onset` to `end`: a change in the
-        entry's direction by `MOVE` of the series' range or more (`_relative_change`)."""
+        entry's direction by `MOVE` of the series' range or more (`_relative_change`); not a
+        (key, direction) in `elsewhere` (a transition of another stage over those steps: the
+        move is that stage's)."""
         found = set()
         for entry in self.during:
             for pattern, direction in (a.split() for a in entry.split(" | ")):
-                for key in (k for k in series if re.fullmatch(pattern, k)):
+                for key in (k for k in series if re.fullmatch(pattern, k) and (k, direction) not in elsewhere):
                     change = _relative_change(series[key], onset, end)
                     if change is not None and (change if direction == "up" else -change) >= MOVE:
                         found.add((key, direction))
@@ -419,9 +422,9 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
                  fixed: dict[int, str | None] | None = None, series: dict | None = None) -> list[str | None]:
     """The names of a run's stages (each a list of members, in time order), assigned over the
     whole sequence: each stage takes the name of a signature it matches (its members that count,
-    `Signature.counts` on `series`, and its series' `during` moves over its span) or none; a
-    signature names at most one stage, and the signatures of one `sequence` name stages in their
-    declared order. Of the assignments, the one naming most stages; of those, the one naming
+    `Signature.counts` on `series`, and its series' `during` moves over its span that are no
+    other stage's transition) or none; a signature names at most one stage, and the signatures
+    of one `sequence` name stages in their declared order. Of the assignments, the one naming most stages; of those, the one naming
     most by their members alone; then the one naming earlier stages, then giving a stage the
     signature with more `moves` entries, then the one declared first (docs/stages.md, Names). `fixed`: stage index -> its name, kept as it is (a stage
     already said, live)."""
@@ -429,10 +432,13 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
     order = {s.name: k for k, s in enumerate(rules.signatures)}
     sequences = sorted({s.sequence for s in rules.signatures if s.sequence is not None})
     matched, strong = [], []
-    for members in stages:
+    for i, members in enumerate(stages):
         span = (min(m["onset"] for m in members), max(m["end"] for m in members)) if members else (0, 0)
+        elsewhere = {(m["metric"], m["direction"]) for j, other in enumerate(stages) if j != i for m in other
+                     if m["onset"] < span[1] and m["end"] > span[0]}
         moved = {s.name: {(m["metric"], m["direction"]) for m in members if s.counts(m, series)} for s in rules.signatures}
-        matched.append([s for s in rules.signatures if s.matches(moved[s.name], keys, s.spanned(series, *span))])
+        matched.append([s for s in rules.signatures
+                        if s.matches(moved[s.name], keys, s.spanned(series, *span, elsewhere))])
         strong.append({s.name for s in matched[-1] if s.matches(moved[s.name], keys)})
     for i, name in fixed.items():
         matched[i], strong[i] = [s for s in rules.signatures if s.name == name], {name}

@@ -475,6 +475,29 @@ def test_cleanup_reads_a_slow_weight_norm_fall_from_the_series_and_prefers_membe
     assert [s.name for s in stages] == ["memorisation", None, "cleanup"] and stages[2].midpoint == 600
 
 
+def test_a_move_over_a_stage_that_is_another_stages_transition_is_no_mark_of_it():
+    """A `during` move is for a mark the detector calls no transition (a slow trend). Where the
+    series' change over a stage's span is a transition of another stage, it is that stage's: the
+    quickstart replayed live (2026-11-27) confirmed the test accuracy's early rise (steps 105-182,
+    0.05 -> 0.29) as cleanup by the Gini coefficients' rise over those steps, which is
+    memorisation's (members 65-173), and the real cleanup was left unnamed. Here the Gini
+    coefficient rises over steps 50-200: as memorisation's member, the later test-accuracy stage
+    (158-397) is no cleanup; as a trend (no transition), it is, as before."""
+    import phasewatch.probes  # noqa: F401
+    from phasewatch.probes.keys import stage_rules
+
+    steps = np.arange(0, 901, 10)
+    series = {"grok/restricted_loss": (steps, np.full(len(steps), 0.5)),
+              "grok/weight_norm": (steps, np.full(len(steps), 1200.0)),
+              "grok/gini_embed": (steps, 0.2 + 0.6 * np.clip((steps - 50) / 150, 0, 1))}
+    memorise = [event("train/acc", 60, "up"), event("train/loss", 60)]
+    gini = {**event("grok/gini_embed", 100, "up", decades=0.6), "onset": 50, "end": 200}
+    test_rise = [event("val/acc", 250, "up", decades=0.4)]
+    stages = detect_stages(memorise + [gini] + test_rise, series, stage_rules())
+    assert [s.name for s in stages] == ["memorisation", None] and ("grok/gini_embed", "up") in members(stages[0])
+    assert [s.name for s in detect_stages(memorise + test_rise, series, stage_rules())] == ["memorisation", "cleanup"]
+
+
 def test_drops_further_apart_than_the_timing_resolution_are_two_stages_and_closer_ones_one():
     """Narrow drops (10-90% in 0.01 decades) of series logged every step, as the per-token losses
     of 5-digit addition (each token a family of its own): two pairs of tokens at steps ~1,000 and
