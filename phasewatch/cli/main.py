@@ -70,9 +70,10 @@ def _finish_fit(folder, interrupted: bool = False) -> None:
 
     from phasewatch.cli.console import fit_summary, max_steps_of
 
-    for run in [folder] if folder.metrics.exists() else run_folders(folder.root):
+    members = not folder.metrics.exists()
+    for run in run_folders(folder.root) if members else [folder]:
         _record_stages(run)
-        _draw_trajectory(run, always=interrupted)
+        _draw_trajectory(run, always=interrupted, lazy=members)
     if not folder.metrics.exists() and run_folders(folder.root):
         from phasewatch.report.population import write_population_report
         from phasewatch.rundir import format_size
@@ -96,19 +97,23 @@ def _record_stages(folder) -> None:
         print(f"phasewatch: the run's stages were not written ({err!r})", file=sys.stderr)
 
 
-def _draw_trajectory(folder, always: bool = False) -> None:
+def _draw_trajectory(folder, always: bool = False, lazy: bool = False) -> None:
     """The run's trajectory through its checkpoints (cli/trajectory.py), drawn once a
     fit has ended, and the run's report written again with it (`always`: whether drawn or not,
-    e.g. after an interrupted fit, whose last report was a live one)."""
+    e.g. after an interrupted fit, whose last report was a live one). `lazy` (a population's
+    members: seconds each): not drawn; the report says how to draw it (`phasewatch report`)."""
     from phasewatch.report.html import write_report
     from phasewatch.errors import ConfigError
     from phasewatch.cli.trajectory import current_trajectory
 
-    try:
-        drawn = current_trajectory(folder.root)
-    except ConfigError as err:  # e.g. a config naming classes that may not be rebuilt
-        print(f"phasewatch: no checkpoint trajectory: {err}", file=sys.stderr)
-        drawn = None
+    if lazy:
+        drawn = len(folder.checkpoint_steps()) >= 3 or None
+    else:
+        try:
+            drawn = current_trajectory(folder.root)
+        except ConfigError as err:  # e.g. a config naming classes that may not be rebuilt
+            print(f"phasewatch: no checkpoint trajectory: {err}", file=sys.stderr)
+            drawn = None
     if (drawn is not None and folder.report.exists()) or (always and folder.metrics.exists()):
         write_report(folder.root)
 

@@ -171,6 +171,11 @@ def build_report(run_dir: str | Path, live: bool = False,
     figure = (f'<h2>Checkpoint trajectory</h2><img alt="PCA paths of the checkpoints (phasewatch trajectory)" '
               f'style="max-width:100%" src="data:image/png;base64,{base64.b64encode(trajectory.read_bytes()).decode()}">'
               if trajectory.exists() else "")
+    if not figure and not live and config.get("model.vectorised") and len(folder.checkpoint_steps()) >= 3:
+        # a population's member (its config's mark): fit leaves its trajectory to be drawn on demand
+        figure = ('<h2>Checkpoint trajectory</h2><p id="trajectory-not-drawn">Not drawn after the fit (a population\'s '
+                  f'members get theirs on demand): <code>phasewatch report {html.escape(str(folder.root))}</code> '
+                  'draws it into this page.</p>')
     refresh = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if live else ""
     fields = {"POLICY": policy(SCRIPT), "REFRESH": refresh, "TITLE": html.escape(folder.root.name),
               "HEADER": header(folder, state, config, Path(at) if at is not None else folder.root), "TRAJECTORY": figure, "DATA": data, "SCRIPT": SCRIPT}

@@ -67,6 +67,13 @@ def test_a_member_is_the_run_alone_with_its_seed(tmp_path, task):
     # the members differ: other initial weights (and, with sampled data, other batches)
     assert _values(pop / "m00")[(1, "train/loss")] != values[(1, "train/loss")]
     assert (m1 / "report.html").exists() and (m1 / "checkpoints" / "step=0000000.ckpt").exists()
+    # a member's trajectory is drawn on demand (its report says how), the run alone's after its fit
+    assert (tmp_path / "alone" / "figures" / "trajectory.png").exists()
+    assert not (m1 / "figures" / "trajectory.png").exists()
+    assert f"<code>phasewatch report {m1}</code>" in (m1 / "report.html").read_text()
+    if task == "modular_addition":
+        assert main(["report", str(m1)]) == 0 and (m1 / "figures" / "trajectory.png").exists()
+        assert 'alt="PCA paths of the checkpoints' in (m1 / "report.html").read_text()
     steps = sorted((tmp_path / "alone" / "checkpoints").glob("step=*.ckpt"))
     assert [s.name for s in steps] == sorted(s.name for s in (m1 / "checkpoints").glob("step=*.ckpt"))
     for alone in steps:  # the probes' schedule: weights only, alone and as a member
