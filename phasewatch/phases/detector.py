@@ -3,14 +3,15 @@
 `detect_transitions(steps, values)` works in log-step time: outliers (spikes: a point far from the
 running median of its neighbours, in units of the local noise) are left out; the rest is binned,
 fitted as a level, optionally a line, plus logistic steps chosen by a BIC-like price; steps moving
-the same way at comparable speeds are one transition. A transition is reported when its change is
-`min_snr` standard errors, `min_range_fraction` of the fitted range, shown by the whole fitted curve
-over its 10-90% part, at most `max_duration` of the run, and ended; otherwise it can be a trend
-(`trends=True`), a change under way (`in_progress=True`); spikes are listed with `spikes=True`,
-never as transitions. Events are `phases.events.Event`s as dicts (metric, direction, onset, midpoint,
-end, magnitude, kind, steepest, snr, confidence, scale). `departure` tests whether a series' newest
-points have left their recent trend (the live watcher's early onset). How and why, what each
-field means, and where it is blind: docs/phases.md.
+the same way at comparable speeds are one transition, two where the series pauses between them. A
+transition is reported when its change is `min_snr` standard errors, `min_range_fraction` of the
+fitted range, shown by the whole fitted curve over its 10-90% part, at most `max_duration` of the
+run, and ended; otherwise it can be a trend (`trends=True`), a change under way
+(`in_progress=True`); spikes are listed with `spikes=True`, never as transitions. Events are
+`phases.events.Event`s as dicts (metric, direction, onset, midpoint, end, magnitude, kind, steepest,
+snr, confidence, scale). `departure` tests whether a series' newest points have left their recent
+trend (the live watcher's early onset). How and why, what each field means, and where it is blind:
+docs/phases.md.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ SUPPORT = 0.5
 #: loss that halves, then falls by six decades, has changed twice (`min_range_fraction` of the range
 #: alone would hide the first change behind the second)
 DECADE_CHANGE = math.log10(2)
+#: a change pauses (and is two transitions) where the series moves at most 1/`LEVELLING` as fast as the change
+#: at its steepest on either side over at least this many consecutive bins: a level seen at more points than
+#: the two that any change passes between
+PAUSE_BINS = 3
 #: rounds of refinement after the greedy search
 ROUNDS = 2
 #: the 10-90% part of a logistic step lasts this many widths
@@ -362,7 +367,8 @@ def detect_transitions(
     model, chosen, coef, cov, noise = _fit_steps(tb, yb, w, noise, cfg)
     judge = _Judge(t, tb, model, chosen, coef, cov, noise, residual_t, residual, cfg, use_log, metric,
                    (float(y.min()), float(y.max())))
-    out = [e for group in _groups(chosen, coef[2:], cfg.steepness) if (e := judge.event(group)) is not None]
+    out = [e for group in _groups(chosen, coef[2:], cfg.steepness) for part in judge.pieces(group)
+           if (e := judge.event(part)) is not None]
     if trends:
         out += judge.trend()
     out += found
@@ -408,7 +414,8 @@ def _bin_noise(tb: np.ndarray, yb: np.ndarray, w: np.ndarray) -> float:
 def _groups(steps: list[tuple[float, float]], heights: np.ndarray, steepness: float) -> list[list[int]]:
     """Indices of steps forming one transition: same direction, overlapping 10-90% parts, and
     either comparably steep or one centred within the other (a lopsided change: fast, then a
-    slow tail around it); a much slower change beside a transition is not part of it."""
+    slow tail around it); a much slower change beside a transition is not part of it. A group can
+    still be two transitions where the series pauses (`_Judge.pieces`)."""
     groups: list[list[int]] = []
     speed = [abs(h) / (4 * wd) for h, (c, wd) in zip(heights, steps)]  # the steepest slope of each step
     for i, (c, wd) in enumerate(steps):
@@ -460,6 +467,59 @@ class _Judge:
         confidence = 1.0 if error == 0 else (
             _normal_cdf(snr - self.cfg.min_snr) * _normal_cdf((abs(change) - needed) / error))
         return snr >= self.cfg.min_snr and abs(change) >= needed, snr, confidence
+
+    def pieces(self, group: list[int]) -> list[list[int]]:
+        """A group of steps split where its change pauses: between two of its stretches the series
+        itself moves its way at most 1/`LEVELLING` as fast as the change does at its steepest on
+        either side (the speed at which a change has ended). The change's speed is its own fitted
+        curve's from one logged point to the next (a step between two points moves no faster than
+        the jump across them); the series' is the slope of a straight line fitted to at least
+        `PAUSE_BINS` consecutive bins (the data, not the fit: a wide step can stand across a
+        plateau), and `min_snr` standard errors of it below the bar (noise makes no pause). The
+        steps centred before the pause are one transition, those after it another, when each
+        passes `event`'s tests on its own (the clearest pause first: the lowest slope against the
+        bar); each piece is split again the same way. A steady or lopsided change (fast, then a
+        slowing tail) never pauses: nothing after its slow part is faster."""
+        if len(group) < 2:
+            return [group]
+        lo = min(self.steps[i][0] - SPAN * self.steps[i][1] for i in group)
+        hi = max(self.steps[i][0] + SPAN * self.steps[i][1] for i in group)
+        inside = (self.tb >= lo) & (self.tb <= hi)
+        tb, yb, wb = self.tb[inside], self.model.yb[inside], self.model.root_w[inside] ** 2
+        t = np.unique(self.t[(self.t >= lo) & (self.t <= hi)])
+        if len(tb) < PAUSE_BINS + 2 or len(t) < 3:
+            return [group]
+        way = np.sign(self.coef[2 + group[0]])
+        own = self.model.curve([self.steps[i] for i in group], np.concatenate([[0.0, 0.0], self.coef[2 + np.array(group)]]),
+                               t)
+        speed = way * np.diff(own) / np.diff(t)  # the change's own, from point to point (at t[:-1] .. t[1:])
+        before, after = np.maximum.accumulate(speed), np.maximum.accumulate(speed[::-1])[::-1]
+        # every window of at least PAUSE_BINS consecutive bins: its weighted straight line (sums by cumsum)
+        first, stop = np.triu_indices(len(tb) + 1, PAUSE_BINS)
+        first, last = first[stop <= len(tb)], stop[stop <= len(tb)] - 1
+        x = tb - tb.mean()
+        sums = [np.concatenate([[0.0], np.cumsum(v)]) for v in (wb, wb * x, wb * x * x, wb * yb, wb * x * yb)]
+        n, sx, sxx, sy, sxy = (c[last + 1] - c[first] for c in sums)
+        spread = sxx - sx**2 / n
+        slope = way * (sxy - sx * sy / n) / spread
+        # the change's speed before the window and after it: gaps ending at its first bin, from its last
+        before_at = np.searchsorted(t, tb[first]) - 1
+        after_at = np.searchsorted(t, tb[last], side="right") - 1
+        ok = (before_at >= 0) & (after_at < len(speed))
+        bar = np.where(ok, np.minimum(before[np.clip(before_at, 0, None)],
+                                      after[np.clip(after_at, None, len(speed) - 1)]), 0.0) / LEVELLING
+        pause = (bar > 0) & (slope + self.cfg.min_snr * self.noise / np.sqrt(spread) <= bar)
+        centre = tb.mean() + (sx / n)
+        found = sorted(zip(slope[pause] / bar[pause], centre[pause]))
+        tried = set()
+        for _, at in found:
+            cut = sum(self.steps[i][0] < at for i in group)  # steps are in centre order
+            if cut in tried or not 0 < cut < len(group):
+                continue
+            tried.add(cut)
+            if self.event(group[:cut]) is not None and self.event(group[cut:]) is not None:
+                return self.pieces(group[:cut]) + self.pieces(group[cut:])
+        return [group]
 
     def event(self, group: list[int]) -> dict | None:
         heights = self.coef[2 + np.array(group)]
