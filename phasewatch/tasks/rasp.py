@@ -16,10 +16,12 @@ Public: `RaspTask` (registered as "rasp"), `split_score`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,6 +46,28 @@ def split_score(seed: int, xs: tuple) -> float:
     Python versions, unlike `hash`)."""
     digest = hashlib.blake2b(f"{seed}|{xs!r}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
+
+
+def _all_inputs(vocab, unique_tokens: bool, n: int):
+    """Every input of length n over `vocab`, in enumeration order (vocabulary order per position)."""
+    return itertools.permutations(vocab, n) if unique_tokens else itertools.product(vocab, repeat=n)
+
+
+@functools.lru_cache(maxsize=16)
+def _split_by_score(seed: int, vocab: tuple, unique_tokens: bool, n: int, n_held: int) -> tuple[float, tuple, tuple]:
+    """(threshold, held-out inputs, training inputs) of length n: the `n_held` inputs of smallest
+    `split_score` held out (ties in enumeration order, as a stable sort by score), each part in
+    enumeration order. Kept for the process: the same data seed splits alike (a population whose
+    members share their data; a member re-run alone)."""
+    inputs = list(_all_inputs(vocab, unique_tokens, n))
+    scores = [split_score(seed, xs) for xs in inputs]
+    ranked = sorted(range(len(inputs)), key=scores.__getitem__)
+    is_held = [False] * len(inputs)
+    for i in ranked[:n_held]:
+        is_held[i] = True
+    held = tuple(xs for xs, out in zip(inputs, is_held) if out)
+    train = tuple(xs for xs, out in zip(inputs, is_held) if not out)
+    return (scores[ranked[n_held - 1]] + scores[ranked[n_held]]) / 2, held, train
 
 
 def _checked_lengths(spec, max_seq_len: int | None, min_seq_len: int,
@@ -115,7 +139,7 @@ class RaspTask(Task):
         self.batch_size, self.n_val_per_length, self.seed = batch_size, n_val_per_length, seed
         self._load_program(spec, vocab)
         self._memo = _OUTPUTS.setdefault((program, tuple(self.vocab), max_len), {})
-        self._train_pool: dict[int, list[tuple] | None] = {}  # length -> its training inputs (None: by threshold)
+        self._train_pool: dict[int, Sequence[tuple] | None] = {}  # length -> its training inputs (None: by threshold)
         self._encoded_pool: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # `_pool_batch`
         self._threshold: dict[int, float] = {}  # length -> held out when split_score < this
         self.unsplit_lengths: list[int] = []
@@ -164,9 +188,7 @@ class RaspTask(Task):
 
     def all_inputs(self, n: int):
         """Every input of length n (an iterator)."""
-        if self.unique_tokens:
-            return itertools.permutations(self.vocab, n)
-        return itertools.product(self.vocab, repeat=n)
+        return _all_inputs(self.vocab, self.unique_tokens, n)
 
     def _split(self, n: int) -> list[tuple]:
         """Split the inputs of length n; return the held-out ones to validate on."""
@@ -179,11 +201,9 @@ class RaspTask(Task):
             self.unsplit_lengths.append(n)
             self._train_pool[n], self._threshold[n] = list(self.all_inputs(n)), 0.0
             return []
-        ranked = sorted(self.all_inputs(n), key=lambda xs: split_score(self.seed, xs))
-        held, train = ranked[:n_held], ranked[n_held:]
-        self._threshold[n] = (split_score(self.seed, held[-1]) + split_score(self.seed, train[0])) / 2
-        self._train_pool[n] = sorted(train, key=self.all_inputs_order)
-        held.sort(key=self.all_inputs_order)
+        self._threshold[n], held, self._train_pool[n] = _split_by_score(self.seed, tuple(self.vocab),
+                                                                         self.unique_tokens, n, n_held)
+        held = list(held)
         if len(held) <= max(self.n_val_per_length, MAX_EXHAUSTIVE_VAL):
             return held
         keep = torch.linspace(0, len(held) - 1, self.n_val_per_length).round().long().unique().tolist()

@@ -1,5 +1,6 @@
 """Task data: formats, masks, splits, determinism, and known answers."""
 
+import itertools
 import random
 
 import pytest
@@ -201,8 +202,14 @@ def test_rasp_validation_is_held_out_from_training():
         assert all(task.held_out(xs) for xs in held_n)
         if n <= 3:
             assert {xs for xs in trained if len(xs) == n} == set(task.all_inputs(n)) - held_n
-    # deterministic: the same seed gives the same split, another seed another one
-    assert _inputs(task, make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5).val_batches()) == held
+    # held out: the inputs of smallest split_score
+    from phasewatch.tasks.rasp import split_score
+
+    by_score = sorted(itertools.product([1, 2, 3], repeat=4), key=lambda xs: split_score(0, xs))
+    assert {xs for xs in held if len(xs) == 4} == set(by_score[:16])
+    # deterministic: the same seed gives the same split (split once in the process), another seed another one
+    again = make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5)
+    assert _inputs(task, again.val_batches()) == held and again._train_pool[4] is task._train_pool[4]
     assert _inputs(task, make_task("rasp", program="reverse", vocab=[1, 2, 3], max_seq_len=5,
                                    seed=1).val_batches()) != held
 
