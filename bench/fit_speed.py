@@ -7,7 +7,7 @@ keeps checkpoints on its schedule and draws its progress bar (W&B off). Start-up
 are timed from step WARMUP to the end of training. Reported as a ratio measured in the
 same process, the median of several alternating repeats (target: >= 0.9).
 
-    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse] [--proxy] [--parts] [--calls]
+    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse|digits|grokking] [--proxy] [--parts] [--calls]
 
 `--proxy`: the model shrunk until its arithmetic costs almost nothing (baseline_setup.PROXY_*),
 on one thread, so that what is compared is the host's work per step (the CPU proxy of a GPU);
@@ -33,7 +33,8 @@ import torch
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 CONFIGS = {"quickstart": "configs/quickstart.yaml", "induction": "configs/induction_2l.yaml",
-           "reverse": "configs/reverse.yaml", "digits": "configs/digit_addition.yaml"}
+           "reverse": "configs/reverse.yaml", "digits": "configs/digit_addition.yaml",
+           "grokking": "configs/grokking_nanda2023.yaml"}
 VAL_EVERY = 25
 WARMUP = 50
 #: what `fit` runs in each row of --parts (`parts`): everything (the default probes on their
