@@ -181,7 +181,7 @@ class TransitionWatcher(pl.Callback):
         Every event goes to the loggers either way.
     logs_per_doubling: log the training metrics early on at least this many times per doubling
         of the step, besides every `trainer.log_every_n_steps` (`logged_at`; the configs give
-        `LOGS_PER_DOUBLING`; 0: not; a population's members log every `log_every_n_steps`).
+        `LOGS_PER_DOUBLING`; 0: not; a population's members log as one: each sets its trainer's).
     """
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
@@ -229,17 +229,22 @@ class TransitionWatcher(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch, batch_idx) -> None:
         # after the probes of this step (ProbeRunner's hook comes first), before its batch
         step = trainer.global_step
-        if self._log_every > 1:  # Lightning and TrainModule read it before this step's update
-            trainer.log_every_n_steps = 1 if logged_at(step + 1, self._log_every, self.logs_per_doubling) else self._log_every
+        if self._log_every > 1:  # Lightning and the module read it before this step's update
+            trainer.log_every_n_steps = 1 if self._early(step + 1) else self._log_every
         if step in self._look_grid and step != self._last_look and not trainer.sanity_checking:
             self.look(trainer, step)
 
     def due_at(self, step: int, dense: bool = False) -> bool:
-        """Whether the watcher acts at the start of `step` (a look of its grid: `look_steps`; the
-        step before one logged early: `logged_at`); a population leaves it out of the other
-        steps (training/population.py)."""
-        return step in self._look_grid or (self._log_every > 1 and logged_at(step + 1, self._log_every,
-                                                                             self.logs_per_doubling))
+        """Whether the watcher acts at the start of `step` (a look of its grid: `look_steps`; a
+        step logged early, or the one after, `_early`: it sets the logging); a population leaves
+        it out of the other steps (training/population.py)."""
+        return step in self._look_grid or self._early(step + 1) or self._early(step)
+
+    def _early(self, step: int) -> bool:
+        """The training metrics are logged at `step` early only (`logged_at`, between the
+        trainer's own `log_every_n_steps`)."""
+        every = self._log_every
+        return every > 1 and step % every != 0 and logged_at(step, every, self.logs_per_doubling)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._log_every > 1:
@@ -249,8 +254,7 @@ class TransitionWatcher(pl.Callback):
         self.look(trainer, trainer.global_step, final=True)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        member = getattr(trainer, "member", None)  # a population's member logs as the population does
-        self._log_every = 0 if member or not self.logs_per_doubling else int(trainer.log_every_n_steps or 0)
+        self._log_every = int(trainer.log_every_n_steps or 0) if self.logs_per_doubling else 0
         interval = getattr(trainer, "val_check_interval", None)
         every = interval if isinstance(interval, int) and interval > 0 else None
         validations = list(range(every, trainer.max_steps + 1, every)) if every and trainer.max_steps > 0 else []

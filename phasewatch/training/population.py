@@ -371,6 +371,15 @@ class MemberTrainer:
         return self.loggers[0] if self.loggers else None
 
     @property
+    def log_every_n_steps(self) -> int:
+        frozen = self.__dict__.get("frozen")
+        return frozen["log_every_n_steps"] if frozen is not None else self._trainer.log_every_n_steps
+
+    @log_every_n_steps.setter
+    def log_every_n_steps(self, value: int) -> None:  # the members log as one (the watcher's early logging)
+        self._trainer.log_every_n_steps = value
+
+    @property
     def should_stop(self) -> bool:
         return self._trainer.should_stop
 
