@@ -290,15 +290,20 @@ def reference_rows() -> list[str]:
         return [f"(the published losses are not at {REFERENCE}: skipped)"]
     from phasewatch.rundir import load_series
 
-    lines = ["| token | loss halves at | phasewatch (onset-midpoint-end) | ruptures Pelt change points |",
-             "| --- | --- | --- | --- |"]
+    from phasewatch.phases.scale import watch_scale
+
+    lines = ["| token | loss halves at | phasewatch (onset-midpoint-end) | phasewatch on its watch scale "
+             "(`phasewatch phases`) | ruptures Pelt change points |", "| --- | --- | --- | --- | --- |"]
     data = load_series(REFERENCE)
     for name, (steps, values) in sorted(data.items()):
         steps, values = np.asarray(steps, float), np.asarray(values, float)
         half = steps[int(np.argmax(values < np.median(values[:3]) / 2))]
         events = ", ".join(f"{e['onset']}-{e['midpoint']}-{e['end']}" for e in detect_transitions(steps, values, name))
+        scale = watch_scale(values)
+        watched = ", ".join(f"{e['onset']}-{e['midpoint']}-{e['end']}"
+                            for e in detect_transitions(steps, values, name, scale=scale))
         points = ", ".join(str(int(p)) for p in ruptures_points(steps, values, "pelt"))
-        lines.append(f"| {name} | {int(half)} | {events or '-'} | {points or '-'} |")
+        lines.append(f"| {name} | {int(half)} | {events or '-'} | {watched or '-'} ({scale}) | {points or '-'} |")
     steps, values = (np.asarray(a, float) for a in data["answer_token_1"])
     lines += ["", "answer_token_1 cut where a live watcher would see it (its drop: steepest near step 390):", "",
               "| cut at step | phasewatch transitions | ruptures Pelt change points |", "| --- | --- | --- |"]
