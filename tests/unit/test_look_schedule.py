@@ -82,9 +82,12 @@ def test_a_planted_early_stage_is_announced_before_its_midpoint_by_the_log_space
     assert [what for _, what, _ in news].count("withdrawn") == 0
 
 
-def test_noise_makes_no_stage_over_every_look_of_a_run():
-    # flat noise logged as training and probes log, looked at some 170 times: nothing to say
-    series = {"train/loss": logged(np.arange(9, 3000, 10), lambda s: 1 + 0 * s, 1),
+@pytest.mark.parametrize("per_doubling", [0, 16])
+def test_noise_makes_no_stage_over_every_look_of_a_run(per_doubling):
+    # flat noise logged as training (every 10 steps, and densely early: `logged_at`) and probes
+    # log, looked at some 170 times: nothing to say
+    steps = [s - 1 for s in range(1, 3001) if logged_at(s, 10, per_doubling)]  # a row's step: Lightning's
+    series = {"train/loss": logged(steps, lambda s: 1 + 0 * s, 1),
               "grok/restricted_loss": logged(PROBES, lambda s: 1 + 0 * s, 2)}
     w = TransitionWatcher(looks=60)
     validations = list(range(25, 3001, 25))
