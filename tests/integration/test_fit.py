@@ -68,7 +68,10 @@ def test_modular_training_learns(grokking_run):
     assert train[0]["train/acc"] < 0.3 and train[-1]["train/acc"] == 1.0
 
 
-STEPS = 300  # transitions confirmed from step ~50 on (memorisation, the Fourier measures), onsets still open at the end
+#: events on both sides of the kill (step 90 or soon after; last.ckpt at 80): onsets from step 7 on, some
+#: withdrawn at 81-89 and some pending across the kill, confirmed ones before and after it (the Fourier
+#: measures, memorisation at ~150), onsets still open at the end
+STEPS, KILL_AT = 200, 90
 # last.ckpt every 20 steps and no scheduled checkpoints in between
 RESUME_CHECKPOINTS = ["--checkpoints.last_every", "20", "--checkpoints.schedule.kind", "list",
                       "--checkpoints.schedule.steps", "[0]"]
@@ -92,7 +95,7 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path, warm_phasewatch
     deadline = time.time() + 300
     while time.time() < deadline:  # SIGKILL it mid-run
         steps = [r["step"] for r in read_jsonl(killed / "metrics.jsonl")]
-        if steps and max(steps) >= 130:
+        if steps and max(steps) >= KILL_AT:
             break
         assert proc.poll() is None, proc.output()
         time.sleep(0.01)
@@ -113,6 +116,7 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path, warm_phasewatch
     # and the live transition detector reported the same events, none twice
     events = list(read_jsonl(whole / "events.jsonl"))
     assert {"onset", "confirmed", "withdrawn"} <= {e["stage"] for e in events}  # something to compare
+    assert min(e["detected_at"] for e in events) < last_step < max(e["detected_at"] for e in events)  # either side
     assert list(read_jsonl(killed / "events.jsonl")) == events
     # W&B: two offline files for the killed run (one per process), one for the uninterrupted run; the
     # newest holds the whole history, every step once, with the uninterrupted run's values
