@@ -156,11 +156,12 @@ class StageRules:
 @dataclasses.dataclass
 class Stage:
     """One stage: steps `onset` (the earliest member's onset), `midpoint` (its members'
-    midpoints averaged in log-step time, `_midpoint`), `end` (the latest member's end);
-    `members`, the per-series events with `series` and `size` (magnitude over the series'
-    range) added, by midpoint; `lead`, the series that moved first (earliest onset); `name` of
-    the matched signature or None; `type` "A", "B" or None; `id`, stable between calls given
-    `previous`."""
+    midpoints averaged in log-step time, `_midpoint`), `end` (the latest member's end), onset and
+    end within the steps each member's series logged (`_span`); `under_way_at_end`, a member's
+    change had not ended at its series' last logged step (its fitted end after it); `members`,
+    the per-series events with `series` and `size` (magnitude over the series' range) added, by
+    midpoint; `lead`, the series that moved first (earliest onset); `name` of the matched
+    signature or None; `type` "A", "B" or None; `id`, stable between calls given `previous`."""
 
     id: int
     onset: int
@@ -170,6 +171,7 @@ class Stage:
     lead: str
     name: str | None = None
     type: str | None = None
+    under_way_at_end: bool = False
 
     @property
     def in_progress(self) -> bool:
@@ -177,15 +179,17 @@ class Stage:
         return any(m.get("kind") == "in_progress" for m in self.members)
 
     def summary(self) -> str:
-        """One line: id, name, span, what moved (lead first; a series moving the same way in
-        several pieces once), type."""
+        """One line: id, name, span (marked when a change is in progress, live, or was still
+        under way at the end of the data), what moved (lead first; a series moving the same way
+        in several pieces once), type."""
         moved = ", ".join(dict.fromkeys(f"{m['series']} {m['direction']}" for m in
                           sorted(self.members, key=lambda m: (m["series"] != self.lead, m["onset"], m["series"]))))
         label = f" {self.name}" if self.name else " (unnamed)"
         kind = f", type {self.type}" if self.type else ""
         more = " (in progress)" if self.in_progress else ""
-        return (f"stage {self.id}{label}: steps {self.onset}-{self.end} (midpoint {self.midpoint}){more}{kind}; "
-                f"led by {self.lead}; {moved}")
+        open_end = "; under way at the end" if self.under_way_at_end and not self.in_progress else ""
+        return (f"stage {self.id}{label}: steps {self.onset}-{self.end} (midpoint {self.midpoint}{open_end}){more}"
+                f"{kind}; led by {self.lead}; {moved}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -522,6 +526,25 @@ def _carry_ids(stages: list[Stage], previous: Sequence[Stage], taken: set[int] =
             stage.id, next_id = next_id, next_id + 1
 
 
+def _span(members: list[dict], series: dict) -> tuple[int, int, bool]:
+    """A stage's onset and end, within the steps the run logged: its members' earliest onset and
+    latest end, each member's fitted 10% and 90% points held within its series' first and last
+    logged steps (the run's, for a series not given); and whether a member's change was still
+    under way at its series' last logged step (its 90% point after it: the detector fits that
+    point, docs/stages.md)."""
+    logged = [_points(data) for data in series.values()]
+    run = [(float(p[0][0]), float(p[0][-1])) for p in logged if p is not None]
+    whole = (min(a for a, _ in run), max(b for _, b in run)) if run else (-math.inf, math.inf)
+    onsets, ends, open_end = [], [], False
+    for m in members:
+        points = _points(series.get(m["metric"]))
+        first, last = (float(points[0][0]), float(points[0][-1])) if points is not None else whole
+        onsets.append(min(max(float(m["onset"]), first), last))
+        ends.append(min(max(float(m["end"]), first), last))
+        open_end = open_end or float(m["end"]) > last
+    return int(round(min(onsets))), int(round(max(ends))), open_end
+
+
 def _key(event: dict) -> tuple:
     return tuple(event.get(k) for k in ("metric", "direction", "onset", "midpoint", "end"))
 
@@ -546,7 +569,7 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
         if home:
             stage = min(home, key=lambda k: abs(_times(e)[1] - math.log10(max(k.midpoint, 1))))
             stage.members.append({**e, "series": e["metric"], "size": _size(e, series)})
-            stage.onset, stage.end = min(stage.onset, int(e["onset"])), max(stage.end, int(e["end"]))
+            stage.onset, stage.end, stage.under_way_at_end = _span(stage.members, series)
             stage.midpoint = _midpoint(stage.members, series)
             rest.remove(e)
     new = []
@@ -555,9 +578,9 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
         for m in members:
             m["series"], m["size"] = m["metric"], _size(m, series)
         lead = min(members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))
-        onset, end = min(m["onset"] for m in members), max(m["end"] for m in members)
-        new.append(Stage(id=0, onset=int(onset), midpoint=_midpoint(members, series), end=int(end), members=members,
-                         lead=lead["series"], type=stage_type(onset, end, series)))
+        onset, end, open_end = _span(members, series)
+        new.append(Stage(id=0, onset=onset, midpoint=_midpoint(members, series), end=end, members=members,
+                         lead=lead["series"], type=stage_type(onset, end, series), under_way_at_end=open_end))
     stages = sorted([*keep, *new], key=lambda s: (s.midpoint, s.onset))
     fixed = {i: s.name for i, s in enumerate(stages) if any(s is k for k in keep)}
     names = assign_names([s.members for s in stages], rules, list(series) + [e["metric"] for e in usable], fixed,

@@ -528,3 +528,24 @@ def test_jumps_between_the_same_two_logged_steps_are_one_time():
                             (np.arange(1, 3001), [["a/x", "b/x"], ["c/y", "d/y"]])):
         series = {e["metric"]: (steps, np.ones(len(steps))) for e in jumps}
         assert [[k for k, _ in members(s)] for s in detect_stages(jumps, series, PLAIN)] == expected
+
+
+def test_a_stage_spans_only_the_steps_the_run_logged_and_says_a_change_under_way_at_the_end(tmp_path):
+    """The detector's 10% and 90% points are fitted, and can fall outside the logged steps (induction_2l
+    over 3,000 steps: a train-loss fall ending at 3,076). The stage's span is held within each member's
+    series' logged steps, and a change whose fitted end is after its series' last step is said under way
+    at the end; one ending inside the data is not."""
+    steps = np.arange(20, 3001, 20)
+    series = {"a/x": (steps, np.zeros(len(steps))), "b/y": (steps[steps <= 2500], np.zeros((steps <= 2500).sum())),
+              "a/w": (steps, np.zeros(len(steps))), "b/v": (steps, np.zeros(len(steps)))}
+    events = [event("a/x", 1650), event("b/y", 1700, "up", decades=0.5),  # ends 2,331 and 3,023
+              event("a/w", 60, decades=0.8), event("b/v", 65, "up", decades=0.3)]  # a/w's onset at 24, b/v's 46
+    events[1]["end"], events[2]["onset"] = 3076, 10  # b/y logged to 2,500; a/w from step 20
+    early, late = detect_stages(events, series, PLAIN)
+    assert (late.onset, late.end, late.under_way_at_end) == (events[1]["onset"], 2500, True)
+    assert (early.onset, early.end, early.under_way_at_end) == (20, max(events[2]["end"], events[3]["end"]), False)
+    assert f"(midpoint {late.midpoint}; under way at the end)" in late.summary() and "under way" not in early.summary()
+    write_stages(RunFolder(tmp_path), [early, late])
+    assert read_stages(RunFolder(tmp_path)) == [early, late]
+    events[1]["end"] = 2400
+    assert detect_stages(events, series, PLAIN)[1].under_way_at_end is False
