@@ -549,3 +549,20 @@ def test_a_stage_spans_only_the_steps_the_run_logged_and_says_a_change_under_way
     assert read_stages(RunFolder(tmp_path)) == [early, late]
     events[1]["end"] = 2400
     assert detect_stages(events, series, PLAIN)[1].under_way_at_end is False
+
+
+def test_memorisation_is_the_test_loss_not_falling_whatever_the_test_accuracy_does():
+    """Nanda et al. 2023 (sec. 5.1) define memorisation by the losses: the train loss falls while the
+    test loss does not. quickstart_tiny without weight decay (seed 7, 2026-11-27): as the train accuracy
+    rises to 1 and the test loss rises, the test accuracy goes from 0.011 to 0.059 (chance 1/31),
+    its whole range in a run that never generalises: a transition, which blocked the name. It is
+    memorisation; the test loss falling with the train loss still is none."""
+    import phasewatch.probes  # noqa: F401
+    from phasewatch.probes.keys import stage_rules
+
+    memorising = [event("train/acc", 30, "up"), event("grok/excluded_loss", 33, "up"), event("train/loss", 36),
+                  event("val/acc", 38, "up"), event("val/seq_acc", 38, "up")]
+    series = {"grok/restricted_loss": flat()}
+    assert [s.name for s in detect_stages(memorising, series, stage_rules())] == ["memorisation"]
+    generalising = memorising + [event("val/loss", 36)]
+    assert [s.name for s in detect_stages(generalising, series, stage_rules())] == [None]
