@@ -210,6 +210,8 @@ class TransitionWatcher(pl.Callback):
         self._dense_steps: set[int] = set()
         self._validations = 0
         self._looked: dict[str, int] = {}  # series -> its number of points when last looked at
+        self._examined: list[str] = []  # the series the last `update` examined (detector or departure test)
+        self._rest: int | None = None  # the points logged when the last look left its stages as they were
         self._departed: dict[str, int] = {}  # ... when the departure test last looked at it
         self._fits_under_way: dict[str, list[dict]] = {}  # series -> the detector's changes not yet confirmed (last look)
         self.stages: list[Stage] = []  # the run's stages so far (`stage_news`)
@@ -298,15 +300,23 @@ class TransitionWatcher(pl.Callback):
     # --- what ---------------------------------------------------------------------
 
     def look(self, trainer: pl.Trainer, step: int, final: bool = False) -> list[dict]:
-        """Detect in every watched series logged so far; report and return the new events."""
+        """Detect in every watched series logged so far; report and return the new events. A look
+        with nothing new to see stops after `update`: it examined no series (none had new points
+        since the last look, and none is newly due: its state is as it was), no series has a new
+        point, and the last look left the stages as they were (`_rest`), so that they would come
+        out the same again, with nothing to say."""
         self._last_look = step
         series = logged_series(trainer)
         new = self.update(series, step, final)
+        if not final and not self._examined and _points(series) == self._rest:
+            return new  # nothing new to see: the stages as they were (`_rest`), nothing to say
         for event in new:
             if self.verbose:
                 say(trainer, _line(trainer, event, series))
             log_event(trainer, event)
+        before = self._stage_state()
         news = self.stage_news(series, step, final)
+        self._rest = _points(series) if self._stage_state() == before else None
         for what, stage in news:
             say(trainer, _stage_line(trainer, step, what, stage, series))
             for logger in trainer.loggers:  # W&B: the stages table and an alert per confirmed stage
@@ -317,6 +327,10 @@ class TransitionWatcher(pl.Callback):
             if folder is not None:  # the live report's stage timeline (the fit's end writes the final stages)
                 write_stages(folder, [s for s in self.stages if self._said.get(s.id)])
         return new
+
+    def _stage_state(self) -> tuple:
+        """A copy of what `stage_news` keeps between looks."""
+        return ([s.to_dict() for s in self.stages], dict(self._said), {k: s.to_dict() for k, s in self._begun.items()})
 
     def stage_news(self, series: dict, step: int, final: bool = False) -> list[tuple[str, Stage]]:
         """The run's stages so far (phases/stages.py: of the confirmed transitions and the changes
@@ -357,16 +371,20 @@ class TransitionWatcher(pl.Callback):
     def update(self, series: dict, step: int, final: bool = False) -> list[dict]:
         """The new events at `step` given the series so far ({key: (steps, values)}), recorded
         as reported (`look` without a trainer: what bench/live_latency.py replays)."""
-        series = {key: s for key, s in series.items()
-                  if (key in self.metrics if self.metrics is not None else not is_detail(key))}
         new: list[dict] = []
-        for key, (steps, values) in sorted(series.items()):
+        self._examined = []
+        for key in sorted(series):
+            steps, values = series[key]
             seen = self._looked.get(key, 0)
             due = final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen
                                                    or self._under_way(key, step)))
+            departs = self.departures and not final and len(steps) > self._departed.get(key, 0)
+            if not (due or departs) or not (key in self.metrics if self.metrics is not None else not is_detail(key)):
+                continue  # nothing to do in this series (most of a look's series, most looks), or not watched
+            self._examined.append(key)
             left = None
             scale = watch_scale(values, declared_scale(key))  # the same choice as `phasewatch phases`
-            if self.departures and not final and len(steps) > self._departed.get(key, 0):
+            if departs:
                 self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
                 left = departure(steps, values, key, log_values=scale == LOG, bar=self.bar(self.departure_z))
                 left = left and {**left, "scale": scale}
@@ -473,7 +491,8 @@ class TransitionWatcher(pl.Callback):
                 "candidates": self._candidates, "looked": self._looked, "departed": self._departed,
                 "under_way": self._fits_under_way, "stages": [s.to_dict() for s in self.stages],
                 "said": {str(k): v for k, v in self._said.items()},
-                "begun": {str(k): s.to_dict() for k, s in self._begun.items()}, "last_look": self._last_look}
+                "begun": {str(k): s.to_dict() for k, s in self._begun.items()}, "last_look": self._last_look,
+                "rest": self._rest}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reported = list(state_dict.get("reported", []))
@@ -487,6 +506,13 @@ class TransitionWatcher(pl.Callback):
         self._said = {int(k): v for k, v in state_dict.get("said", {}).items()}
         self._begun = {int(k): Stage.from_dict(s) for k, s in state_dict.get("begun", {}).items()}
         self._last_look = state_dict.get("last_look")  # a look at the resumed step that was made is not made again
+        self._rest = state_dict.get("rest")  # none in older checkpoints: the next look is made whole
+
+
+def _points(series: dict) -> int:
+    """The number of points logged in all series (which only grow during a fit: the same number,
+    the same series)."""
+    return sum(len(steps) for steps, _ in series.values())
 
 
 def _levels(event: dict, series: dict) -> tuple[float, float]:

@@ -125,3 +125,78 @@ def test_an_early_stage_is_announced_before_its_midpoint_only_when_the_metrics_a
         said[per_doubling] = min((step for step, what, _ in news if what == "begins"), default=None)
         assert [what for _, what, _ in news].count("withdrawn") == 0
     assert said[16] < 44 and (said[0] is None or said[0] > 44)
+
+
+class LooksWhole(TransitionWatcher):
+    """The watcher without its shortcut: every look made whole (`look`'s `_rest` never set)."""
+
+    def look(self, trainer, step, final=False):
+        self._rest = None
+        return super().look(trainer, step, final)
+
+
+def watch_a_run(watcher, folder, rows, looks):
+    """The watcher's looks at `looks` (the last one final) in a run that has logged `rows`
+    ({"step", key: value}) up to each look, as a trainer with its run folder at `folder`; the
+    events, and how many looks were made whole (`stage_news` called)."""
+    import json
+
+    import lightning.pytorch as pl
+
+    trainer = pl.Trainer(default_root_dir=folder, logger=False, enable_progress_bar=False)
+    whole, stage_news = [], watcher.stage_news
+    watcher.stage_news = lambda *a, **k: whole.append(a[1]) or stage_news(*a, **k)
+    events = []
+    for now in looks:
+        with open(folder / "metrics.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows if r["step"] <= now)
+        events += watcher.look(trainer, now, final=now == looks[-1])
+    return events, len(whole)
+
+
+def test_a_look_with_nothing_new_to_see_is_cut_short_and_changes_nothing(tmp_path, capsys):
+    # the training loss (logged every 10 steps) falls at 300 and again at 1,800, the validation
+    # accuracy (every 100) rises at 300, the learning rate (a detail key) stays; looked at on the
+    # grid and at the validations: the early looks, every step, see no new point most of the time.
+    # The same events, stages, console lines, stage files and watcher state as with every look whole
+    rng = np.random.default_rng(0)
+    loss = lambda s: 3.0 - drop(300)(s) - 0.5 * (2.0 - drop(1800)(s))  # noqa: E731
+    rows = [{"step": s, "train/loss": float(loss(s) + rng.normal(0, 0.01)), "lr": 1e-3} for s in range(10, 3001, 10)]
+    rows += [{"step": s, "val/acc": float(drop(300)(s) * -1 + 2.0 + rng.normal(0, 0.01))} for s in range(100, 3001, 100)]
+    rows.sort(key=lambda r: r["step"])
+    validations = list(range(100, 3001, 100))
+    out = {}
+    for name, watcher in (("short", TransitionWatcher()), ("whole", LooksWhole())):
+        (tmp_path / name).mkdir()
+        looks = watcher.look_steps(3000, validations)
+        watcher.plan(3000, len(looks), len(validations))
+        events, whole = watch_a_run(watcher, tmp_path / name, rows, looks)
+        out[name] = dict(events=events, whole=whole, console=capsys.readouterr().out, state=watcher.state_dict(),
+                         stages=(tmp_path / name / "stages.jsonl").read_text())
+    short, whole = out["short"], out["whole"]
+    logged = [r["step"] for r in rows]
+    quiet = sum(not any(a < s <= b for s in logged) for a, b in zip(looks, looks[1:]))  # no new point since the last
+    assert whole["whole"] == len(looks) and quiet / 2 < len(looks) - short["whole"] <= quiet  # most of them cut short
+    said = [e["stage"] for e in whole["events"]]
+    assert said.count("confirmed") >= 2 and "onset" in said and "confirmed" in whole["stages"]  # something to say
+    assert "stage" in whole["console"]
+    for part in ("events", "console", "stages", "state"):
+        assert short[part] == whole[part], part
+
+
+def test_a_look_with_no_new_point_is_made_whole_where_an_onset_made_the_series_due(tmp_path):
+    # 150 flat points looked at, then 5 falling ones: too few more for the detector (`regrow`),
+    # enough for the departure test, whose onset makes the series due at every look (`_under_way`):
+    # the next look, with no new point, runs the detector on it, as a whole look would
+    rng = np.random.default_rng(1)
+    rows = [{"step": s, "val/loss": 1.0 + float(rng.normal(0, 0.01))} for s in range(10, 1501, 10)]
+    rows += [{"step": s, "val/loss": 1.0 - 0.1 * (s - 1500) / 10 + float(rng.normal(0, 0.01))} for s in range(1510, 1551, 10)]
+    looks = [1500, 1550, 1555, 1560]
+    states = {}
+    for name, watcher in (("short", TransitionWatcher()), ("whole", LooksWhole())):
+        (tmp_path / name).mkdir()
+        watcher.plan(3000)
+        events, _ = watch_a_run(watcher, tmp_path / name, rows, looks + [3000])
+        states[name] = (events, watcher.state_dict())
+    assert [e["stage"] for e in states["whole"][0]][:1] == ["onset"]
+    assert states["short"] == states["whole"]
