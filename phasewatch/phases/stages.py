@@ -529,20 +529,25 @@ def _carry_ids(stages: list[Stage], previous: Sequence[Stage], taken: set[int] =
 def _span(members: list[dict], series: dict) -> tuple[int, int, bool]:
     """A stage's onset and end, within the steps the run logged: its members' earliest onset and
     latest end, each member's fitted 10% and 90% points held within its series' first and last
-    logged steps (the run's, for a series not given); and whether a member's change was still
-    under way at its series' last logged step (its 90% point after it: the detector fits that
-    point, docs/stages.md)."""
-    logged = [_points(data) for data in series.values()]
-    run = [(float(p[0][0]), float(p[0][-1])) for p in logged if p is not None]
-    whole = (min(a for a, _ in run), max(b for _, b in run)) if run else (-math.inf, math.inf)
+    logged steps (`_logged`; any series', for a series not given); and whether a member's change
+    was still under way at its series' last logged step (its 90% point after it: the detector
+    fits that point, docs/stages.md)."""
     onsets, ends, open_end = [], [], False
     for m in members:
-        points = _points(series.get(m["metric"]))
-        first, last = (float(points[0][0]), float(points[0][-1])) if points is not None else whole
+        first, last = _logged(series.get(m["metric"]))
+        if math.isinf(first):  # the series not given
+            first, last = _logged(*series.values())
         onsets.append(min(max(float(m["onset"]), first), last))
         ends.append(min(max(float(m["end"]), first), last))
         open_end = open_end or float(m["end"]) > last
     return int(round(min(onsets))), int(round(max(ends))), open_end
+
+
+def _logged(*data) -> tuple[float, float]:
+    """The first and last step at which any of these series has a finite value (unbounded
+    without one)."""
+    steps = [points[0] for points in map(_points, data) if points is not None]
+    return (min(float(s[0]) for s in steps), max(float(s[-1]) for s in steps)) if steps else (-math.inf, math.inf)
 
 
 def _key(event: dict) -> tuple:

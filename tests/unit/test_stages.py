@@ -549,6 +549,9 @@ def test_a_stage_spans_only_the_steps_the_run_logged_and_says_a_change_under_way
     assert read_stages(RunFolder(tmp_path)) == [early, late]
     events[1]["end"] = 2400
     assert detect_stages(events, series, PLAIN)[1].under_way_at_end is False
+    # a member whose series is not given: the steps any series logged (c/q's fitted end 3,023)
+    (alone,) = detect_stages([events[0], event("c/q", 1700, "up", decades=0.5)], {"a/x": series["a/x"]}, PLAIN)
+    assert (alone.end, alone.under_way_at_end) == (3000, True)
 
 
 def test_memorisation_is_the_test_loss_not_falling_whatever_the_test_accuracy_does():
