@@ -247,7 +247,7 @@ def _stages(folder: RunFolder) -> list[dict]:
     except Exception:  # noqa: BLE001 - an unreadable stages file: no timeline, the rest of the report
         return []
     return [{"id": s.id, "name": s.name, "onset": s.onset, "midpoint": s.midpoint, "end": s.end, "lead": s.lead,
-             "type": s.type, "members": [{"metric": m.get("series", m.get("metric", "")),
+             "type": s.type, "open": s.under_way_at_end, "members": [{"metric": m.get("series", m.get("metric", "")),
                                           **{k: m.get(k) for k in ("direction", "onset", "end", "size")}}
                                          for m in s.members]}
             for s in stages]
@@ -527,7 +527,7 @@ function drawStages() {  // the stage timeline (one row per stage on the run's l
     const lead = m => m.metric !== s.lead;  // what moved: the lead first, each series and direction once
     const moved = [...new Set([...s.members].sort((a, b) => lead(a) - lead(b) || (a.onset ?? 0) - (b.onset ?? 0))
       .map(m => `${label(m.metric)} ${m.direction ?? ""}`.trim()))];
-    for (const v of [s.id, s.name ?? "unnamed", `${s.onset}\u2013${s.end}`, s.midpoint, label(s.lead), s.type ?? "", moved.join(", ")])
+    for (const v of [s.id, s.name ?? "unnamed", `${s.onset}\u2013${s.end}${s.open ? " (under way at the end)" : ""}`, s.midpoint, label(s.lead), s.type ?? "", moved.join(", ")])
       el("td", {textContent: v ?? ""}, tr);
   }
   const every = el("label", {className: "note"}, box);
@@ -546,7 +546,7 @@ function renderTimeline() {
     g.fillStyle = STAGE_COLORS[i % STAGE_COLORS.length]; g.fillRect(X(s.onset), y + 5, Math.max(X(s.end) - X(s.onset), 2), row - 10);
     g.fillStyle = "#000"; g.fillRect(X(s.midpoint) - 1, y + 2, 2, row - 4);
     g.fillStyle = "#222"; g.textAlign = "left";
-    g.fillText(`stage ${s.id} ${s.name ?? "(unnamed)"}: steps ${s.onset}\u2013${s.end}, led by ${label(s.lead)}`, 4, y + 15);
+    g.fillText(`stage ${s.id} ${s.name ?? "(unnamed)"}: steps ${s.onset}\u2013${s.end}${s.open ? "+" : ""}, led by ${label(s.lead)}`, 4, y + 15);
   });
   g.fillStyle = "#555"; g.font = "11px sans-serif"; g.textAlign = "center";
   for (const [x, text] of logTicks(0, Math.log10(last))) g.fillText(text, L + x / Math.log10(last) * (Wd - L - R), Hd - 6);

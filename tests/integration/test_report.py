@@ -302,7 +302,7 @@ def edited(report, tmp_path_factory):
     folder.rewrite(folder.events, events)
     member = lambda i: dict(events[i], series=events[i]["metric"])
     write_stages(folder, [Stage(1, 4, 8, 16, [member(3), member(0), dict(member(2), size=0.02)], "val/acc", "induction"),
-                          Stage(2, 16, 18, 20, [member(1)], "val/loss")])
+                          Stage(2, 16, 18, 20, [member(1)], "val/loss", under_way_at_end=True)])
     for step in (8, 16, 24):
         append_jsonl(folder.metrics, {"step": step, "tracr/attn_match/L1H0": step / 24})
     assert main(["report", str(run)]) == 0
@@ -440,7 +440,7 @@ def bands_drawn(panel):
 
 def test_stage_timeline_and_each_stages_series_bands_on_demand(edited, tmp_path, chromium):
     """The stage timeline and table: one row per stage (span, name or "unnamed", lead, what
-    moved). As opened, every panel shades each stage's span and names it, and no series' band; ticking a
+    moved; a stage under way at the end of the data marked so). As opened, every panel shades each stage's span and names it, and no series' band; ticking a
     stage shades exactly its members' transitions on their panels (stage 1: val/loss down 4-12 and
     train/loss's small fall 4-16 on the loss panel, val/acc up 6-9 on the accuracy panel; stage 2:
     val/loss up 16-20), unticking
@@ -453,11 +453,11 @@ def test_stage_timeline_and_each_stages_series_bands_on_demand(edited, tmp_path,
     assert not [line for line in console if "rror" in line or "Uncaught" in line], console
     seen = {s["what"]: s for s in json.loads(html.unescape(re.search(r'<pre id="bands">(.*?)</pre>', dom, re.S).group(1)))}
     rows = [t for t in seen["opened"]["timeline"] if t.startswith("stage ")]
-    assert rows == ["stage 1 induction: steps 4–16, led by val/acc", "stage 2 (unnamed): steps 16–20, led by val/loss"]
+    assert rows == ["stage 1 induction: steps 4–16, led by val/acc", "stage 2 (unnamed): steps 16–20+, led by val/loss"]
     table = re.search(r'<table id="stage-table">.*?</table>', dom, re.S).group(0)
     cells = [re.findall(r"<td>([^<]*)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", table)][1:]
     assert cells == [["1", "induction", "4–16", "8", "val/acc", "", "val/acc up, val/loss down, train/loss down"],
-                     ["2", "unnamed", "16–20", "18", "val/loss", "", "val/loss up"]]
+                     ["2", "unnamed", "16–20 (under way at the end)", "18", "val/loss", "", "val/loss up"]]
     data = payload_of(edited)
     panels = {p["title"]: p["keys"] for p in data["panels"]}
     stage_1 = {"val/loss": {("down", 4, 12)}, "train/loss": {("down", 4, 16)}, "val/acc": {("up", 6, 9)}}
