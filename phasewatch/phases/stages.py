@@ -528,14 +528,15 @@ def _carry_ids(stages: list[Stage], previous: Sequence[Stage], taken: set[int] =
 
 def _span(members: list[dict], series: dict) -> tuple[int, int, bool]:
     """A stage's onset and end, within the steps the run logged: its members' earliest onset and
-    latest end, each member's fitted 10% and 90% points held within its series' first and last
-    logged steps (`_logged`; any series', for a series not given); and whether a member's change
-    was still under way at its series' last logged step (its 90% point after it: the detector
-    fits that point, docs/stages.md)."""
+    latest end, each transition's fitted 10% and 90% points held within its series' first and
+    last logged steps (`_logged`; any series', for a series not given); and whether a
+    transition was still under way at its series' last logged step (its 90% point after it: the
+    detector fits that point, docs/stages.md). A change in progress (live) keeps its fitted
+    points: the stage is said in progress, its end a forecast."""
     onsets, ends, open_end = [], [], False
     for m in members:
-        first, last = _logged(series.get(m["metric"]))
-        if math.isinf(first):  # the series not given
+        first, last = (-math.inf, math.inf) if m.get("kind") == "in_progress" else _logged(series.get(m["metric"]))
+        if math.isinf(first) and m.get("kind") != "in_progress":  # the series not given
             first, last = _logged(*series.values())
         onsets.append(min(max(float(m["onset"]), first), last))
         ends.append(min(max(float(m["end"]), first), last))

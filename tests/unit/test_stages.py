@@ -552,6 +552,9 @@ def test_a_stage_spans_only_the_steps_the_run_logged_and_says_a_change_under_way
     # a member whose series is not given: the steps any series logged (c/q's fitted end 3,023)
     (alone,) = detect_stages([events[0], event("c/q", 1700, "up", decades=0.5)], {"a/x": series["a/x"]}, PLAIN)
     assert (alone.end, alone.under_way_at_end) == (3000, True)
+    # live, a change in progress keeps its fitted end (a forecast; the stage is said in progress)
+    (live,) = detect_stages([events[0], dict(events[1], kind="in_progress", end=3076)], series, PLAIN)
+    assert (live.end, live.under_way_at_end, live.in_progress) == (3076, False, True)
 
 
 def test_memorisation_is_the_test_loss_not_falling_whatever_the_test_accuracy_does():
