@@ -304,7 +304,7 @@ class TransitionWatcher(pl.Callback):
         with nothing new to see stops after `update`: it examined no series (none had new points
         since the last look, and none is newly due: its state is as it was), no series has a new
         point, and the last look left the stages as they were (`_rest`), so that they would come
-        out the same again, with nothing to say."""
+        out the same again, with nothing to say (`stage_news` reads the step only at the end)."""
         self._last_look = step
         series = logged_series(trainer)
         new = self.update(series, step, final)
