@@ -105,9 +105,10 @@ def _draw_trajectory(folder, always: bool = False, lazy: bool = False) -> None:
     from phasewatch.report.html import write_report
     from phasewatch.errors import ConfigError
     from phasewatch.cli.trajectory import current_trajectory
+    from phasewatch.rundir import TRAJECTORY_CHECKPOINTS
 
     if lazy:
-        drawn = len(folder.checkpoint_steps()) >= 3 or None
+        drawn = len(folder.checkpoint_steps()) >= TRAJECTORY_CHECKPOINTS or None
     else:
         try:
             drawn = current_trajectory(folder.root)

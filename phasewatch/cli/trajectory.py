@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from phasewatch.probes.keys import headline_keys
-from phasewatch.rundir import RunFolder
+from phasewatch.rundir import TRAJECTORY_CHECKPOINTS, RunFolder
 from phasewatch.errors import ConfigError
 
 KINDS = ("logits", "weights")
@@ -38,8 +38,9 @@ def checkpoint_vectors(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KIND
         raise ConfigError("kind", f"trajectory kinds {list(kinds)!r} are not some of {list(KINDS)}",
                           f"Use one or more of {', '.join(KINDS)}.")
     steps = RunFolder(run_dir).checkpoint_steps()
-    if len(steps) < 3:
-        raise ConfigError("run_dir", f"{run_dir} has {len(steps)} saved checkpoints; a trajectory needs at least 3",
+    if len(steps) < TRAJECTORY_CHECKPOINTS:
+        raise ConfigError("run_dir", f"{run_dir} has {len(steps)} saved checkpoints; a trajectory needs at least "
+                          f"{TRAJECTORY_CHECKPOINTS}",
                           "Train with a checkpoint schedule (the default keeps 30 log-spaced ones).")
     from phasewatch.cli.analyze import load_run_module, load_weights  # lightning: only when drawing
 
@@ -119,9 +120,10 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
     if not finite.all():  # a run that skipped non-finite steps can still save non-finite weights
         print(f"phasewatch: the trajectory leaves out the checkpoints with non-finite values: steps "
               f"{[s for s, ok in zip(steps, finite) if not ok]}", file=sys.stderr)
-        if finite.sum() < 3:
+        if finite.sum() < TRAJECTORY_CHECKPOINTS:
             raise ConfigError("checkpoints", f"only {int(finite.sum())} checkpoints hold finite values",
-                              "A trajectory needs 3; lower the learning rate if the weights overflow.")
+                              f"A trajectory needs {TRAJECTORY_CHECKPOINTS}; lower the learning rate if the weights "
+                              "overflow.")
         steps, vectors = [s for s, ok in zip(steps, finite) if ok], {k: v[finite] for k, v in vectors.items()}
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 5.2), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
@@ -153,11 +155,11 @@ def plot_trajectory(run_dir: str | os.PathLike, kinds: tuple[str, ...] = KINDS, 
 def current_trajectory(run_dir: str | os.PathLike, allow: tuple[str, ...] = ()) -> Path | None:
     """The run folder's trajectory figure, drawn first (both kinds) when it is missing or its
     coordinates are not of the run's checkpoints now (a resumed run has more): what `phasewatch
-    report` shows. None when the run has fewer than 3 checkpoints. Raises ConfigError when the
-    run's config cannot be rebuilt (e.g. it names untrusted classes: `allow`)."""
+    report` shows. None when the run has fewer than TRAJECTORY_CHECKPOINTS (3) checkpoints. Raises
+    ConfigError when the run's config cannot be rebuilt (e.g. it names untrusted classes: `allow`)."""
     folder = RunFolder(run_dir)
     steps = list(folder.checkpoint_steps())
-    if len(steps) < 3:
+    if len(steps) < TRAJECTORY_CHECKPOINTS:
         return None
     figure = folder.figure("trajectory")
     if figure.exists() and all(_pca_steps(folder.trajectory_pca(kind)) == steps for kind in KINDS):

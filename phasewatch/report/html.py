@@ -32,7 +32,7 @@ from phasewatch.report.curves import panel_layout
 from phasewatch.report.heads import catalogue_array, head_catalogue, write_head_catalogue
 from phasewatch.report.page import load_array, policy, script_json
 from phasewatch.phases.stages import read_stages
-from phasewatch.rundir import RunFolder, flatten_config, load_series, read_csv
+from phasewatch.rundir import TRAJECTORY_CHECKPOINTS, RunFolder, flatten_config, load_series, read_csv
 
 REFRESH_SECONDS = 30
 #: arrays drawn as one line per row (over their columns) instead of as a heatmap
@@ -171,7 +171,8 @@ def build_report(run_dir: str | Path, live: bool = False,
     figure = (f'<h2>Checkpoint trajectory</h2><img alt="PCA paths of the checkpoints (phasewatch trajectory)" '
               f'style="max-width:100%" src="data:image/png;base64,{base64.b64encode(trajectory.read_bytes()).decode()}">'
               if trajectory.exists() else "")
-    if not figure and not live and config.get("model.vectorised") and len(folder.checkpoint_steps()) >= 3:
+    if (not figure and not live and config.get("model.vectorised")
+            and len(folder.checkpoint_steps()) >= TRAJECTORY_CHECKPOINTS):
         # a population's member (its config's mark): fit leaves its trajectory to be drawn on demand
         figure = ('<h2>Checkpoint trajectory</h2><p id="trajectory-not-drawn">Not drawn after the fit (a population\'s '
                   f'members get theirs on demand): <code>phasewatch report {html.escape(str(folder.root))}</code> '

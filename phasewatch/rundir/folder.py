@@ -33,6 +33,7 @@ from phasewatch.rundir.series import Series, read_csv_series, read_series
 #: the default parent of run folders
 RUNS = Path("runs")
 LAST_CHECKPOINT = "last.ckpt"
+TRAJECTORY_CHECKPOINTS = 3  # the fewest checkpoints a trajectory (PCA path over checkpoints) is drawn from
 _CHECKPOINT = re.compile(r"step=(\d+)\.ckpt")
 _ARRAY = re.compile(r"step=(\d+)\.npy")
 
