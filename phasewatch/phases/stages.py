@@ -255,10 +255,17 @@ def _scale(event: dict, series: dict) -> float:
 
 
 def _clusters(events: list[dict], series: dict, level: float) -> list[list[dict]]:
-    """Events whose midpoints are one time up to their own scales (`_scale`): neighbours in
-    midpoint order merged, the pair adding least chi-squared first, while the merged group's
-    chi-squared (of its midpoints about their weighted mean) stays within its `level` quantile
-    (n - 1 degrees of freedom)."""
+    """Events whose midpoints are one time up to their own scales (`_scale`): `_agglomerate`d,
+    then each group that is one time only through its wide changes split (`_unbridged`); each
+    group in midpoint order."""
+    groups = [part for group in _agglomerate(events, series, level) for part in _unbridged(group, series, level)]
+    return sorted((sorted(g, key=lambda e: _times(e)[1]) for g in groups), key=lambda g: _times(g[0])[1])
+
+
+def _agglomerate(events: list[dict], series: dict, level: float) -> list[list[dict]]:
+    """Neighbours in midpoint order merged, the pair adding least chi-squared first, while the
+    merged group's chi-squared (of its midpoints about their weighted mean) stays within its
+    `level` quantile (n - 1 degrees of freedom)."""
     events = sorted(events, key=lambda e: _times(e)[1])
     t = np.array([_times(e)[1] for e in events])
     weight = 1 / np.array([_scale(e, series) for e in events]) ** 2
@@ -283,12 +290,37 @@ def _clusters(events: list[dict], series: dict, level: float) -> list[list[dict]
     return [events[i:j] for i, j in zip(cuts, cuts[1:])]
 
 
-def _one_time(events: list[dict], series: dict, level: float) -> bool:
-    """The events' midpoints are one time up to their scales (`_clusters`' test)."""
+def _misfit(events: list[dict], series: dict) -> float:
+    """The chi-squared of the events' midpoints (log10 steps) about their weighted mean, each in
+    units of its scale (`_scale`)."""
     t = np.array([_times(e)[1] for e in events])
     weight = 1 / np.array([_scale(e, series) for e in events]) ** 2
-    chi2 = float(np.sum(weight * t * t) - np.sum(weight * t) ** 2 / np.sum(weight))
-    return len(events) < 2 or chi2 <= _chi2_quantile(level, len(events) - 1)
+    return max(float(np.sum(weight * t * t) - np.sum(weight * t) ** 2 / np.sum(weight)), 0.0)
+
+
+def _one_time(events: list[dict], series: dict, level: float) -> bool:
+    """The events' midpoints are one time up to their scales (`_clusters`' test)."""
+    return len(events) < 2 or _misfit(events, series) <= _chi2_quantile(level, len(events) - 1)
+
+
+def _unbridged(group: list[dict], series: dict, level: float) -> list[list[dict]]:
+    """A group split where it is one time only through its wide changes. A change whose 10-90%
+    span holds every other member's midpoint (a bridge) is consistent with any time among them:
+    it adds degrees of freedom and little chi-squared, and can carry the join of changes that are
+    not one time without it. Where the members that are no bridge are not one time
+    (`_one_time`), they are grouped without the bridges (`_agglomerate`), each bridge joins the
+    part to which it adds least chi-squared (no two parts merged), and each part is split so in
+    turn; otherwise the group stays whole."""
+    times = [_times(e) for e in group]
+    bridges = [e for k, e in enumerate(group)
+               if all(times[k][0] <= t[1] <= times[k][2] for j, t in enumerate(times) if j != k)]
+    core = [e for e in group if not any(e is b for b in bridges)]
+    if len(group) < 3 or len(core) < 2 or _one_time(core, series, level):
+        return [group]
+    parts = _agglomerate(core, series, level)
+    for bridge in sorted(bridges, key=lambda e: _times(e)[1]):
+        min(parts, key=lambda p: _misfit(p + [bridge], series) - _misfit(p, series)).append(bridge)
+    return [piece for part in parts for piece in _unbridged(part, series, level)]
 
 
 def _qualifies(members: list[dict], rules: StageRules) -> bool:

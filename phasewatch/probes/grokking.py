@@ -242,7 +242,9 @@ def _applies(task) -> bool:
 
 _GROKKING_RUN = r"grok/restricted_loss"
 _TRAIN, _TEST = "train/acc up | train/loss down", ("val/acc up", "val/loss down")
-_CLEANING = "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up | grok/restricted_loss down"
+#: cleanup's own marks: the weights shrinking, their Fourier components sparsening (the restricted
+#: loss falls in every phase: no mark of cleanup, docs/stages.md)
+_CLEANING = "grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up"
 _NANDA = "Nanda et al. 2023"
 #: measured on each checkpoint's own key frequencies (`fit`), the restricted and excluded losses
 #: jump when the set changes: only their changes at one set count (docs/stages.md, Names)
@@ -260,10 +262,9 @@ STAGES = (
                      "loss falls (the weights shrinking smoothly) while the train and test loss stay: the "
                      "restricted loss falls faster than the train loss"),
     Signature("cleanup", moves=("val/loss down | val/acc up", _CLEANING),
-              absent=("train/acc up",), run_has=_GROKKING_RUN, sequence=_NANDA, steady=_STEADY,
-              during=("grok/weight_norm down | grok/gini_neuron_logit up | grok/gini_embed up",),
-              source="Nanda et al. 2023, sec. 5.1: last, the test loss falls as the weight norm falls sharply, "
-                     "the Gini coefficients rise and the restricted loss goes on falling"),
+              absent=("train/acc up",), run_has=_GROKKING_RUN, sequence=_NANDA, during=(_CLEANING,),
+              source="Nanda et al. 2023, sec. 5.1: last, the test loss falls as the weight norm falls sharply "
+                     "and the Gini coefficients rise"),
 )
 
 KEYS = KeyFamilies(

@@ -76,6 +76,27 @@ def test_changes_apart_by_more_than_their_widths_are_two_stages_and_overlapping_
     assert len(detect_stages(wide, {}, PLAIN)) == 1
 
 
+def test_wide_changes_do_not_make_one_time_of_changes_that_are_not_one_without_them():
+    """Two pairs of changes 0.33 decades apart (the quickstart's circuit formation and cleanup,
+    2026-11-27) are not one time (chi-squared 9.4 against 7.8 for three degrees of freedom); two
+    wide changes whose 10-90% spans hold all four midpoints add two degrees of freedom and little
+    chi-squared, and all six would pass as one (10.4 against 11.0). Each wide change joins the
+    pair nearer its midpoint, and the pairs stay apart; a wide change over a group that is one
+    time without it leaves the group whole."""
+    def change(metric, onset, midpoint, end, direction="down"):
+        return {"metric": metric, "direction": direction, "onset": onset, "midpoint": midpoint, "end": end,
+                "magnitude": 1.0, "kind": "transition"}
+
+    first = [change("a/x", 320, 700, 1240), change("b/y", 360, 760, 1360, "up")]
+    second = [change("c/z", 1080, 1500, 1800, "up"), change("d/v", 1000, 1570, 2650)]
+    wide = [change("e/r", 400, 900, 2000), change("f/k", 500, 1300, 2400, "up")]
+    stages = detect_stages(first + second + wide, {}, PLAIN)
+    assert [members(s) for s in stages] == [[("a/x", "down"), ("b/y", "up"), ("e/r", "down")],
+                                           [("c/z", "up"), ("d/v", "down"), ("f/k", "up")]]
+    one_time = [event("a/x", 100, decades=0.1), event("b/y", 105, "up", decades=0.1), change("c/z", 30, 100, 330)]
+    assert [members(s) for s in detect_stages(one_time, {}, PLAIN)] == [[("a/x", "down"), ("b/y", "up"), ("c/z", "down")]]
+
+
 def test_trends_spikes_onsets_withdrawn_and_detail_keys_make_no_stage():
     events = [event("a/x", 100, kind="trend"), event("b/y", 100, kind="trend"),
               event("a/s", 100, kind="spike"), event("b/s", 100, kind="spike"),
@@ -202,13 +223,18 @@ def test_the_grokking_phases_are_named_in_their_order_each_once():
     stages = detect_stages([e for stage in run for e in stage], series, rules)
     assert [members(s) for s in stages] == [sorted((e["metric"], e["direction"]) for e in stage) for stage in run]
     assert [s.name for s in stages] == ["memorisation", "circuit formation", "cleanup", None, None]
-    # circuit formation and cleanup one event (the test accuracy rises as the restricted loss
-    # falls and the excluded loss rises; the weights' fall too slow to be a member): cleanup, and
-    # a later restricted-loss fall is no circuit formation after it
-    merged = run[:1] + [[event("val/acc", 300, "up"), event("grok/restricted_loss", 290), event("grok/excluded_loss", 310, "up")],
+    # circuit formation and cleanup one event (the test accuracy rises as the weights shrink, the
+    # restricted loss falls and the excluded loss rises): cleanup, and a later restricted-loss fall
+    # is no circuit formation after it
+    merged = run[:1] + [[event("val/acc", 300, "up"), event("grok/restricted_loss", 290), event("grok/excluded_loss", 310, "up"),
+                         event("grok/weight_norm", 320)],
                         [event("grok/restricted_loss", 3000), event("grok/n_key_freqs", 3100, "up")]]
     assert [s.name for s in detect_stages([e for st in merged for e in st], series, rules)] == [
         "memorisation", "cleanup", None]
+    # with the weights not shrinking, the same stage is no cleanup: the restricted loss falls in
+    # every phase (Nanda et al. 2023, sec. 5.1), no mark of cleanup (it was one until session 15)
+    unshrunk = [e for st in merged for e in st if e["metric"] != "grok/weight_norm"]
+    assert detect_stages(unshrunk, {**series, "grok/weight_norm": flat()}, rules)[1].name is None
     # a second stage where only the train loss falls is no second memorisation
     again = run[:1] + [[event("train/loss", 700), event("probe/x", 700)]]
     assert [s.name for s in detect_stages([e for st in again for e in st], series, rules)] == ["memorisation", None]
@@ -388,7 +414,8 @@ def test_the_quickstarts_stages_do_not_move_with_where_the_detector_cut_a_change
     fallen). Joined at its span's centre in log-step time (770), the first run's restricted loss
     grouped with the excluded loss's rise and the two runs read different stages (memorisation >
     circuit formation > cleanup, and memorisation > cleanup > unnamed); at the step where half of
-    its change is made (1,115), as the other run's, both read the same."""
+    its change is made (1,115), as the other run's, both read the same: since session 15
+    (wide changes bridge no stages), memorisation > circuit formation > cleanup > unnamed."""
     import phasewatch.probes  # noqa: F401
     from phasewatch.probes.keys import stage_rules
 
@@ -400,6 +427,7 @@ def test_the_quickstarts_stages_do_not_move_with_where_the_detector_cut_a_change
               "grok/restricted_loss": (steps, 10 ** np.interp(steps, at, restricted))}
     common = [("grok/excluded_loss", "down", 82, 89, 96), ("val/loss", "up", 46, 90, 147),
               ("grok/weight_norm", "up", 63, 95, 136), ("train/acc", "up", 66, 101, 132),
+              ("grok/n_key_freqs", "up", 104, 106, 108),
               ("val/seq_acc", "up", 91, 113, 159), ("train/loss", "down", 103, 136, 169),
               ("grok/restricted_loss", "down", 113, 138, 168), ("train/loss", "down", 319, 733, 1235),
               ("val/acc", "up", 1075, 1486, 1800), ("grok/weight_norm", "down", 998, 1572, 2654),
@@ -417,6 +445,13 @@ def test_the_quickstarts_stages_do_not_move_with_where_the_detector_cut_a_change
         read.append([(s.name, sorted(set(members(s)))) for s in stages])
     assert read[0] == read[1]
     assert read[0][0][0] == "memorisation" and ("train/acc", "up") in read[0][0][1]
+    # Nanda et al. 2023's phases in their order: the excluded loss's rise with the train loss's
+    # last fall by decades (circuit formation), apart from the test accuracy's rise as the weights
+    # shrink (cleanup), the restricted loss's and key-logit fraction's wide rises between them
+    # joining the latter; the test loss's collapse by decades after it stays unnamed
+    assert [name for name, _ in read[0]] == ["memorisation", "circuit formation", "cleanup", None]
+    assert read[0][1][1] == [("grok/excluded_loss", "up"), ("train/loss", "down")]
+    assert {("val/acc", "up"), ("grok/weight_norm", "down"), ("grok/restricted_loss", "down")} <= set(read[0][2][1])
 
 
 def test_a_restricted_loss_jump_at_a_change_of_the_key_frequencies_is_no_circuit_formation():
