@@ -1,7 +1,8 @@
 """The one place that knows TransformerLens internals: the model factory, the plain PyTorch
 module inside a bridge, its state-dict keys, and the importers of other code's models.
 
-- `factory`: `ModelConfig`, `build_model`, `fresh_like`, `native_module`, `parameters_kept`.
+- `factory`: `ModelConfig`, `build_model`, `fresh_like`, `native_module`, `parameters_kept`,
+  `call_with` (`torch.func.functional_call` without walking the module each call).
 - `components`: named components (`L1H2`, `L0.attn`, ...), their parameters and hooks.
 - `paper_checkpoint`: checkpoints of the progress-measures paper's code (Nanda et al. 2023).
 - `tracr_convert`: tracr's compiled transformers, converted by TransformerLens, and
@@ -14,7 +15,7 @@ public bridge (`model.cfg`, hooks, weight views such as `W_E`) and these functio
 
 from phasewatch.models.components import component_parameters, head_label, parse_component, register_component_hook
 from phasewatch.models.factory import (ACTIVATIONS, ATTENTION, GENERIC_DEFAULTS, NORMALIZATIONS, ModelConfig,
-                                       build_model, fresh_like, native_module, parameters_kept)
+                                       build_model, call_with, fresh_like, native_module, parameters_kept)
 from phasewatch.models.paper_checkpoint import load_progress_measures_checkpoint, undo_last_adamw_step
 from phasewatch.models.tracr_convert import (SAVED_CONFIG_FIELDS, bridge_from_saved, bridge_from_tracr,
                                              layer_output_weights, saved_config)
@@ -22,7 +23,7 @@ from phasewatch.models.tracr_convert import (SAVED_CONFIG_FIELDS, bridge_from_sa
 __all__ = [
     "head_label",
     "ACTIVATIONS", "ATTENTION", "GENERIC_DEFAULTS", "NORMALIZATIONS", "SAVED_CONFIG_FIELDS", "ModelConfig",
-    "bridge_from_saved", "bridge_from_tracr", "build_model", "component_parameters", "fresh_like",
+    "bridge_from_saved", "bridge_from_tracr", "build_model", "call_with", "component_parameters", "fresh_like",
     "layer_output_weights", "load_progress_measures_checkpoint", "native_module", "parameters_kept", "parse_component",
     "register_component_hook", "saved_config", "undo_last_adamw_step",
 ]

@@ -142,14 +142,55 @@ def native_module(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "original_model", model)
 
 
+def _slots(module: torch.nn.Module) -> tuple[list[tuple[torch.nn.Module, str, torch.Tensor]], dict[str, list[str]]]:
+    """Every parameter entry of `module`'s submodules once, as (submodule, name, what it holds)
+    (a submodule reached under several paths counted once), and for each parameter's name (as
+    `named_parameters` names it) the paths of the other entries that hold the same parameter
+    (tied weights; None where a name is not the first such path). Walking a bridge's modules
+    costs more than a small model's step, so this is kept on the module (a deep copy carries
+    its own) and walked again only when an entry no longer holds what it held."""
+    kept = module.__dict__.get("_phasewatch_slots")
+    if kept is not None and all(sub._parameters.get(name) is held for sub, name, held in kept[0]):
+        return kept
+    seen: set[tuple[int, str]] = set()
+    slots, paths = [], {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for name, held in sub._parameters.items():
+            if held is not None and (id(sub), name) not in seen:
+                seen.add((id(sub), name))
+                slots.append((sub, name, held))
+                paths.setdefault(id(held), []).append(f"{prefix}.{name}" if prefix else name)
+    ties = {}
+    for name, param in module.named_parameters():
+        first, *others = paths[id(param)]
+        if first != name:  # not the path `named_parameters` gives: let functional_call untie them
+            ties = None
+            break
+        ties[name] = others
+    module.__dict__["_phasewatch_slots"] = kept = (slots, ties)
+    return kept
+
+
+def call_with(module: torch.nn.Module, params: dict[str, torch.Tensor], args: tuple) -> Any:
+    """`torch.func.functional_call(module, params, args)` for `params` named as
+    `module.named_parameters()` names them, each put once into every entry that holds it: what
+    functional_call's `tie_weights` does, without walking the module at every call."""
+    from torch.func import functional_call
+
+    _, ties = _slots(module)
+    if ties is None or not params.keys() <= ties.keys():
+        return functional_call(module, params, args)
+    tied = {path: params[name] for name in params for path in ties[name]}
+    return functional_call(module, {**params, **tied} if tied else params, args, tie_weights=False)
+
+
 @contextlib.contextmanager
 def parameters_kept(module: torch.nn.Module):
     """Put every parameter entry of every submodule back as it was on leaving. A bridge
     reaches its weights under several module paths, and `torch.func.functional_call` under
     `vmap` leaves the batched stand-ins in some of them (a later plain forward then fails
     with "tensor escaped from inside a function being vmapped")."""
-    kept = [(sub, name, param) for _, sub in module.named_modules(remove_duplicate=False)
-            for name, param in sub.named_parameters(recurse=False)]
+    kept = list(_slots(module)[0])
     try:
         yield
     finally:

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from phasewatch.models import parameters_kept
+from phasewatch.models import call_with, parameters_kept
 from phasewatch.probes.composition import COMPOSE_FACTOR, composition_probe_values, head_weights, scores_of_weights
 from phasewatch.probes.grokking import check_key_freqs, grid_inputs, progress_measures
 from phasewatch.probes.heads import forward_scores, head_probe_values, head_tokens
@@ -43,11 +43,11 @@ def stacked_forward(template: torch.nn.Module, params: dict[str, Tensor], tokens
     `MEMBERS_PER_PASS` members a pass, in eval mode without gradients: one list per pass, of
     one result per chunk. `read` may call `captured()`: what the hooks registered on the
     template while it runs took (`capture`)."""
-    from torch.func import functional_call, vmap
+    from torch.func import vmap
 
     def one(member: dict[str, Tensor], chunk: Tensor):
         _CAPTURED.clear()
-        return read(functional_call(template, member, (chunk,)), chunk)
+        return read(call_with(template, member, (chunk,)), chunk)
 
     def group(members: dict[str, Tensor]) -> list:
         members, size = _one_as_two(members)

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from phasewatch.callbacks.interventions import Interventions
 from phasewatch.callbacks.transitions import TransitionWatcher
-from phasewatch.models import ModelConfig, build_model, native_module, parameters_kept
+from phasewatch.models import ModelConfig, build_model, call_with, native_module, parameters_kept
 from phasewatch.errors import ConfigError, require, require_int  # noqa: F401
 from phasewatch.tasks.base import Batch, Task, masked_loss, masked_loss_and_acc
 
@@ -479,10 +479,10 @@ def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor],
     answer tokens `loss` and, with `counts`, `loss_sum`, `tokens`, `correct` and `seq_ok`.
     `batch` is one batch for every member (`shared`) or the members' batches stacked. The
     population's step (training/population.py), and a member's re-run alone (`vectorised`)."""
-    from torch.func import functional_call, vmap
+    from torch.func import vmap
 
     def one(params, tokens, targets, mask):
-        logits = functional_call(module, params, (tokens,))
+        logits = call_with(module, params, (tokens,))
         # every position's cross-entropy weighted by the mask (`masked_mean_loss`: no boolean
         # indexing, which vmap cannot do)
         per = F.cross_entropy(logits.to(loss_dtype).flatten(0, -2), targets.flatten(), reduction="none")
