@@ -200,24 +200,56 @@ class _StepModel:
         self.column_norms = np.einsum("ij,ij->j", self.columns, self.columns)
         self.t_mean = float(np.average(tb, weights=w))
         self.line = False
+        # the search asks for the same steps' columns, heights and residuals many times over: each is
+        # computed once per model (the same numbers as computed afresh)
+        self._step_columns: dict[tuple[float, float], np.ndarray] = {}
+        self._memo: dict[tuple, tuple] = {}
 
     def design(self, steps: list[tuple[float, float]], t: np.ndarray | None = None, line: bool | None = None) -> np.ndarray:
         """Columns: the level, the line (when in the model), then the steps."""
-        t = self.tb if t is None else t
         line = self.line if line is None else line
+        if t is None:
+            return np.column_stack([np.ones_like(self.tb)] + ([self.tb - self.t_mean] if line else [])
+                                   + [self._column(step) for step in steps])
         return np.column_stack([np.ones_like(t)] + ([t - self.t_mean] if line else [])
                                + [_logistic(t, c, wd) for c, wd in steps])
+
+    def _column(self, step: tuple[float, float]) -> np.ndarray:
+        """One step's column at the bins (computed once)."""
+        if (column := self._step_columns.get(step)) is None:
+            column = self._step_columns[step] = _logistic(self.tb, *step)
+        return column
+
+    def _once(self, what: str, steps: list[tuple[float, float]], line: bool, compute: Callable[[], tuple]) -> tuple:
+        """`compute()` for these steps and line, computed once per model (its arrays read-only)."""
+        key = (what, tuple(steps), line)
+        if (found := self._memo.get(key)) is None:
+            found = self._memo[key] = compute()
+            for array in found:
+                array.flags.writeable = False
+        return found
+
+    def _weighted(self, steps: list[tuple[float, float]], line: bool) -> np.ndarray:
+        return self.root_w[:, None] * self.design(steps, line=line)
+
+    def heights(self, steps: list[tuple[float, float]]) -> np.ndarray:
+        """The fitted steps' heights (`fit`'s coefficients after the level and slope)."""
+        return self._coef(steps, self.line)[0][1 + self.line:]
+
+    def _coef(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray]:
+        return self._once("coef", steps, line, lambda: (
+            np.linalg.lstsq(self._weighted(steps, line), self.root_w * self.yb, rcond=None)[0],))
 
     def fit(self, steps: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
         """Coefficients (level, slope (0 without the line), steps) and their covariance in units of
         one point's noise variance (the slope's row and column are 0 without the line)."""
-        x = self.root_w[:, None] * self.design(steps)
-        coef, *_ = np.linalg.lstsq(x, self.root_w * self.yb, rcond=None)
+        x = self._weighted(steps, self.line)
+        coef = self._coef(steps, self.line)[0]
         cov = np.linalg.pinv(x.T @ x)
         if not self.line:
             coef = np.insert(coef, 1, 0.0)
             cov = np.insert(np.insert(cov, 1, 0.0, axis=0), 1, 0.0, axis=1)
-        return coef, cov
+        return coef.copy(), cov
 
     def curve(self, steps: list[tuple[float, float]], coef: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
         """The fitted curve of `fit`'s coefficients (level, slope, heights of `steps`) at t."""
@@ -226,7 +258,10 @@ class _StepModel:
             (h * _logistic(t, c, wd) for h, (c, wd) in zip(coef[2:], steps)), np.zeros_like(t))
 
     def _residual_basis(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray, np.ndarray]:
-        q, _ = np.linalg.qr(self.root_w[:, None] * self.design(steps, line=line))
+        return self._once("basis", steps, line, lambda: self._basis(steps, line))
+
+    def _basis(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray, np.ndarray]:
+        q, _ = np.linalg.qr(self._weighted(steps, line))
         y = self.root_w * self.yb
         return q, y - q @ (q.T @ y)
 
@@ -240,8 +275,7 @@ class _StepModel:
         norm = self.column_norms - np.einsum("ij,ij->j", inner := q.T @ self.columns, inner)
         gain = np.where(norm > 1e-9 * self.column_norms, along**2 / np.maximum(norm, 1e-300), 0.0)
         if steps:
-            heights = self.fit(steps)[0][2:]
-            for (c, wd), h in zip(steps, heights):
+            for (c, wd), h in zip(steps, self.heights(steps)):
                 overlap = np.abs(self.grid[:, 0] - c) < SPAN / 2 * (self.grid[:, 1] + wd)
                 gain[overlap & (np.sign(along) == -np.sign(h))] = 0.0
         best = int(np.argmax(gain))
@@ -297,7 +331,7 @@ class _StepModel:
         the rest, where that lowers the priced squared residual (noise can split one step in two)."""
         i = 0
         while i + 1 < len(steps):
-            heights = self.fit(steps)[0][2:]
+            heights = self.heights(steps)
             if np.sign(heights[i]) == np.sign(heights[i + 1]):
                 rest = steps[:i] + steps[i + 2:]
                 one = rest + [self.best_addition(rest)[0]]
@@ -311,7 +345,7 @@ class _StepModel:
         """Drop the smaller of any two overlapping steps the fit gives opposite directions (refitting
         can turn a step chosen one way the other way)."""
         while True:
-            heights = self.fit(steps)[0][2:]
+            heights = self.heights(steps)
             pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))
                      if np.sign(heights[i]) != np.sign(heights[j])
                      and abs(steps[i][0] - steps[j][0]) < SPAN / 2 * (steps[i][1] + steps[j][1]) + self.spacing]
