@@ -68,10 +68,11 @@ def test_modular_training_learns(grokking_run):
     assert train[0]["train/acc"] < 0.3 and train[-1]["train/acc"] == 1.0
 
 
-#: events on both sides of the kill (step 90 or soon after; last.ckpt at 80): onsets from step 7 on, some
-#: withdrawn at 81-89 and some pending across the kill, confirmed ones before and after it (the Fourier
-#: measures, memorisation at ~150), onsets still open at the end
-STEPS, KILL_AT = 200, 90
+#: events on both sides of the kill (step 78 or soon after; last.ckpt at 60): onsets from step 7 on, an
+#: onset and a confirmation at 75 (said again after the resume), onsets pending across the kill (some
+#: withdrawn at 79 and 86, the rest when training ends), confirmed ones before and after it (the Fourier
+#: measures): what 200 steps killed at 90 had, in half the steps
+STEPS, KILL_AT = 100, 78
 # last.ckpt every 20 steps and no scheduled checkpoints in between
 RESUME_CHECKPOINTS = ["--checkpoints.last_every", "20", "--checkpoints.schedule.kind", "list",
                       "--checkpoints.schedule.steps", "[0]"]
@@ -129,7 +130,9 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path, warm_phasewatch
     assert tables[0] == tables[1]
 
 
-INTERRUPTED = ["--trainer.max_steps", "150", "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps",
+#: 60 steps (validations at 25 and 50): stopped after its first 3 lines of metrics (step ~10), it has most
+#: of its steps and both validations still to run when resumed
+INTERRUPTED = ["--trainer.max_steps", "60", "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps",
                "5", "--checkpoints.last_every", "1000", "--checkpoints.schedule.kind", "list",
                "--checkpoints.schedule.steps", "[0]", "--no_wandb", *TASKS["modular_addition"], *TINY]
 
@@ -164,7 +167,7 @@ def test_a_stopped_run_says_so_and_how_to_resume_it(tmp_path, uninterrupted, sig
                       r"--ckpt_path last)(?: \(from its last checkpoint, step (\d+)\))?$", out, re.MULTILINE)
     assert match, out
     step, command, folder, saved = int(match[1]), match[2], match[3], match[4]
-    assert Path(folder) == run and 0 < step < 150
+    assert Path(folder) == run and 0 < step < 60
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
     if signum == signal.SIGTERM:
         assert saved is None and last == step  # saved at the step it stopped at (last_every would not have)
