@@ -314,9 +314,9 @@ class TransitionWatcher(pl.Callback):
             if self.verbose:
                 say(trainer, _line(trainer, event, series))
             log_event(trainer, event)
-        before = self._stage_state()
+        before = _outline(self.stages)
         news = self.stage_news(series, step, final)
-        self._rest = _points(series) if self._stage_state() == before else None
+        self._rest = _points(series) if not news and _outline(self.stages) == before else None
         for what, stage in news:
             say(trainer, _stage_line(trainer, step, what, stage, series))
             for logger in trainer.loggers:  # W&B: the stages table and an alert per confirmed stage
@@ -328,17 +328,16 @@ class TransitionWatcher(pl.Callback):
                 write_stages(folder, [s for s in self.stages if self._said.get(s.id)])
         return new
 
-    def _stage_state(self) -> tuple:
-        """A copy of what `stage_news` keeps between looks."""
-        return ([s.to_dict() for s in self.stages], dict(self._said), {k: s.to_dict() for k, s in self._begun.items()})
-
     def stage_news(self, series: dict, step: int, final: bool = False) -> list[tuple[str, Stage]]:
         """The run's stages so far (phases/stages.py: of the confirmed transitions and the changes
         the detector sees under way that pass the bar an onset needs, `SURE_ENOUGH`), kept in `stages` with ids that carry between looks, and what
         is new to say of them: ("begins", stage) when a stage is first seen, ("confirmed", stage)
-        once every member is a confirmed transition, ("withdrawn", stage) at the end for a stage
-        said to begin that no confirmed stage took up. A stage said confirmed keeps its members,
-        name and id (`detect_stages`' `keep`); what "begins" claims: `_stage_line`."""
+        once every member is a confirmed transition, each only once the stage is `evident`;
+        ("withdrawn", stage) at the end for a stage said to begin that was not confirmed and
+        that no confirmed stage took up (one sharing a moved series with it over its span takes
+        it up: nothing is said). A stage said confirmed keeps its members, name and id, and more
+        of its changes join it unsaid (`detect_stages`' `keep`); what "begins" claims:
+        `_stage_line`."""
         confirmed = [e for e in self.reported if e.get("stage") == "confirmed"]
         under_way = [] if final else [{**e, "under_way": True} for fits in self._fits_under_way.values() for e in fits
                                        if not self._confirmed(e, series.get(e["metric"], ((), ()))[0])
@@ -351,7 +350,7 @@ class TransitionWatcher(pl.Callback):
         previous = self.stages + [s for k, s in self._begun.items() if k not in here and self._said.get(k) == "begins"]
         self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=kept)
         news = []
-        for stage in self.stages:
+        for stage in (s for s in self.stages if evident(s, series)):
             done = not any(m.get("under_way") for m in stage.members)
             said = self._said.get(stage.id)
             if said is None and not done:
@@ -361,11 +360,16 @@ class TransitionWatcher(pl.Callback):
                 news.append(("confirmed", stage))
                 self._said[stage.id] = "confirmed"
         if final:
-            current = {s.id for s in self.stages}
+            confirmed = [s for s in self.stages if self._said.get(s.id) == "confirmed"]
             for stage_id, said in list(self._said.items()):
-                if said == "begins" and stage_id not in current:
+                if said != "begins":
+                    continue
+                begun = self._begun.get(stage_id) or next((s for s in self.stages if s.id == stage_id), None)
+                taken = begun is not None and any(_moved(s) & _moved(begun) and s.onset <= begun.end
+                                                  and begun.onset <= s.end for s in confirmed)
+                if not taken:
                     news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
-                    self._said[stage_id] = "withdrawn"
+                self._said[stage_id] = "joined" if taken else "withdrawn"
         return news
 
     def update(self, series: dict, step: int, final: bool = False) -> list[dict]:
@@ -507,6 +511,26 @@ class TransitionWatcher(pl.Callback):
         self._begun = {int(k): Stage.from_dict(s) for k, s in state_dict.get("begun", {}).items()}
         self._last_look = state_dict.get("last_look")  # a look at the resumed step that was made is not made again
         self._rest = state_dict.get("rest")  # none in older checkpoints: the next look is made whole
+
+
+def evident(stage: Stage, series: dict) -> bool:
+    """Whether a stage has the evidence to be said live: it matches a declared signature (it has
+    a name), or two or more series moved in it and one of them is a headline series whose
+    change is worth saying (`worth_saying`: levels shown). A lone series' change, or small
+    changes alone, are often a piece of a change the finished series shows elsewhere, or a
+    wiggle (docs/stages.md, "When a stage is said")."""
+    return stage.name is not None or (len({m["series"] for m in stage.members}) >= 2
+                                      and bool(stage_levels(stage, series)))
+
+
+def _moved(stage: Stage) -> set[tuple[str, str]]:
+    return {(m["series"], m["direction"]) for m in stage.members}
+
+
+def _outline(stages: list[Stage]) -> list[tuple]:
+    """What of the stages the next look's would depend on (ids, spans, names, what moved), to
+    tell whether a look left them as they were (`look`'s shortcut)."""
+    return [(s.id, s.onset, s.midpoint, s.end, s.name, len(s.members), frozenset(_moved(s))) for s in stages]
 
 
 def _points(series: dict) -> int:

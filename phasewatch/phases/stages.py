@@ -587,6 +587,41 @@ def _key(event: dict) -> tuple:
     return tuple(event.get(k) for k in ("metric", "direction", "onset", "midpoint", "end"))
 
 
+def _one_change(a: dict, b: dict, series: dict) -> bool:
+    """Two changes of one series in one direction are pieces of one change: their spans overlap
+    or one begins where the other ended, up to the timing resolution (`MIN_WIDTH`, or the gap
+    between the series' logged steps there): `_joined`'s test, in either order."""
+    if a["metric"] != b["metric"] or a["direction"] != b["direction"]:
+        return False
+    (a0, _, a1), (b0, _, b1) = _times(a), _times(b)
+    gap = max(MIN_WIDTH, _step_gap(series.get(a["metric"]), min(a1, b1)))
+    return b0 - a1 <= gap and a0 - b1 <= gap
+
+
+def _absorbed(rest: list[dict], keep: list[Stage], series: dict, level: float) -> list[dict]:
+    """Live: the events of `rest` that are more of a kept stage's changes, joined to it (its
+    members, span and midpoint grow; its id and name stay); the others, returned. An event joins
+    a kept stage when it is a piece of one of the stage's changes (`_one_change`, with a member or
+    with an event joined before it), or, a transition, when it is of one of the stage's series
+    and at one time with its members (`_one_time`); a change under way that is a piece of one
+    is left out (no stage of its own) but not joined until it is a transition."""
+    taken = set()
+    for e in sorted(rest, key=_times) if keep else ():
+        settled = e.get("kind", "transition") == "transition"
+        home = [k for k in keep if any(_one_change(m, e, series) for m in k.members)]
+        if not home and settled:
+            home = [k for k in keep if any(m["metric"] == e["metric"] for m in k.members)
+                    and _one_time(k.members + [e], series, level)]
+        if home:
+            taken.add(id(e))
+        if home and settled:
+            stage = min(home, key=lambda k: abs(_times(e)[1] - math.log10(max(k.midpoint, 1))))
+            stage.members.append({**e, "series": e["metric"], "size": _size(e, series)})
+            stage.onset, stage.end, stage.under_way_at_end = _span(stage.members, series)
+            stage.midpoint = _midpoint(stage.members, series)
+    return [e for e in rest if id(e) not in taken]
+
+
 def detect_stages(events: Iterable, series: dict, rules: StageRules | None = None,
                   previous: Sequence[Stage] | None = None, level: float = LEVEL,
                   keep: Sequence[Stage] = ()) -> list[Stage]:
@@ -594,22 +629,12 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     `series`: metric -> (steps, values) (for sizes, signatures' `run_has` and types);
     `previous`: the stages of an earlier call, whose ids carry over; `keep`: stages kept with
     their ids, names and members (live: those already confirmed), their members' events left
-    out of the grouping; a transition of one of a kept stage's series, at one time with it
-    (`_one_time`), joins it."""
+    out of the grouping, and more of their changes joined to them (`_absorbed`)."""
     rules = rules or StageRules()
     kept = {_key(m) for stage in keep for m in stage.members}
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
     keep = [dataclasses.replace(stage, members=list(stage.members)) for stage in keep]
-    rest = [e for e in usable if _key(e) not in kept]
-    for e in [e for e in rest if e.get("kind", "transition") == "transition"]:  # more of a kept stage's change
-        home = [k for k in keep if any(m["metric"] == e["metric"] for m in k.members)
-                and _one_time(k.members + [e], series, level)]
-        if home:
-            stage = min(home, key=lambda k: abs(_times(e)[1] - math.log10(max(k.midpoint, 1))))
-            stage.members.append({**e, "series": e["metric"], "size": _size(e, series)})
-            stage.onset, stage.end, stage.under_way_at_end = _span(stage.members, series)
-            stage.midpoint = _midpoint(stage.members, series)
-            rest.remove(e)
+    rest = _absorbed([e for e in usable if _key(e) not in kept], keep, series, level)
     new = []
     for members in _group(rest, series, rules, level):
         members = sorted(members, key=lambda m: (m["midpoint"], m["metric"]))
