@@ -60,14 +60,16 @@ EVENT_COLUMNS = ("stage", "metric", "direction", "onset", "midpoint", "end", "ma
                  "confidence", "reason")
 
 #: the columns of the run's stages table (summary key `stages/table`): each stage's latest news
-STAGE_COLUMNS = ("id", "said", "name", "onset", "midpoint", "end", "lead", "type", "moved")
+STAGE_COLUMNS = ("id", "said", "name", "onset", "midpoint", "end", "under_way_at_end", "lead", "type", "moved")
 
 
 def stage_row(what: str, stage) -> list:
     """A stage (phases/stages.py `Stage`) and what was last said of it ("begins", "confirmed",
-    "withdrawn") as a row of the stages table."""
+    "withdrawn") as a row of the stages table (`under_way_at_end`: a member's change had not ended
+    at its series' last logged step, `Stage.under_way_at_end`)."""
     moved = ", ".join(f"{m['series']} {m['direction']}" for m in stage.members)
-    return [stage.id, what, stage.name, stage.onset, stage.midpoint, stage.end, stage.lead, stage.type, moved]
+    return [stage.id, what, stage.name, stage.onset, stage.midpoint, stage.end, stage.under_way_at_end, stage.lead,
+            stage.type, moved]
 
 
 def event_row(event: dict) -> list:

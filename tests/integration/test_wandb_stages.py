@@ -22,7 +22,7 @@ def test_the_stages_table_and_an_alert_per_confirmed_stage_in_an_offline_run(tmp
     first = Stage(1, 20, 35, 70, [member("train/acc", "up", 20, 35, 60), member("train/loss", "down", 25, 40, 70)],
                   "train/acc", "memorisation")
     second = Stage(2, 200, 300, 450, [member("grok/weight_norm", "down", 200, 300, 450)], "grok/weight_norm")
-    third = Stage(3, 600, 700, 800, [member("val/loss", "down", 600, 700, 800)], "val/loss")
+    third = Stage(3, 600, 700, 800, [member("val/loss", "down", 600, 700, 800)], "val/loss", under_way_at_end=True)
     for what, stage in [("begins", first), ("confirmed", first), ("begins", second), ("begins", third),
                         ("confirmed", third), ("withdrawn", Stage(2, 900, 900, 900, [], ""))]:
         logger.log_stage(what, stage)
@@ -35,6 +35,7 @@ def test_the_stages_table_and_an_alert_per_confirmed_stage_in_an_offline_run(tmp
     assert [(k, r["said"], r["name"]) for k, r in sorted(rows.items())] == [
         (1, "confirmed", "memorisation"), (2, "withdrawn", None), (3, "confirmed", None)]
     assert rows[1]["moved"] == "train/acc up, train/loss down" and (rows[1]["onset"], rows[1]["end"]) == (20, 70)
+    assert (rows[1]["under_way_at_end"], rows[3]["under_way_at_end"]) == (False, True)
     alerts = wandb_records.alerts(offline)
     assert [a["title"] for a in alerts] == ["stage 1 memorisation", "stage 3 (unnamed)"]
     assert alerts[0]["text"] == first.summary()
