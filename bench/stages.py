@@ -10,8 +10,9 @@ two noise series and two trends (linear in steps, linear in log-steps); the "clo
 two of the stages 0.35 decades apart with changes lasting 0.1-0.3 decades (their spans overlap);
 "close, slow" adds to the middle stage a slow change lasting 0.6 decades (a Gini coefficient
 rising through two phases). The detector's transitions (`detect_all`) go to
-four groupings, the same qualification rule (two families or a headline series; none here)
-after each: phasewatch's (chi-squared at 95%), the same at 99%, the per-series list (every
+five groupings, the same qualification rule (two families or a headline series; none here)
+after each: phasewatch's (chi-squared at 95%), the same at 99%, the same with wide changes
+bridging stages (no `_unbridged`: the grouping before session 15), the per-series list (every
 transition its own stage: what `phasewatch phases` printed before stages) and the 10-90%
 spans that overlap joined (single linkage). A found stage matches a planted one when their
 series overlap by half or more (Jaccard); precision = matched found / found, recall = matched
@@ -110,21 +111,24 @@ def _overlap_clusters(events, series, level):
 GROUPINGS = {
     "phasewatch (95%)": {},
     "phasewatch at 99%": {"level": 0.99},
+    "phasewatch, wide changes bridging": {"bridging": True},
     "per-series list": {"clusters": lambda events, series, level: [[e] for e in events], "qualify": True},
     "overlapping spans": {"clusters": _overlap_clusters},
 }
 
 
 def grouped(events, series, how: dict) -> list:
-    saved = S._clusters, S._qualifies
+    saved = S._clusters, S._qualifies, S._unbridged
     try:
         if "clusters" in how:
             S._clusters = how["clusters"]
         if how.get("qualify"):
             S._qualifies = lambda members, rules: True
+        if how.get("bridging"):  # the grouping before session 15: a wide change can join two times
+            S._unbridged = lambda group, series, level: [group]
         return S.detect_stages(events, series, level=how.get("level", S.LEVEL))
     finally:
-        S._clusters, S._qualifies = saved
+        S._clusters, S._qualifies, S._unbridged = saved
 
 
 def score(found, planted: list[Planted], lone: set) -> dict:
