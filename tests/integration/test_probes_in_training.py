@@ -59,16 +59,18 @@ def test_options_for_a_misspelt_probe_are_refused_not_ignored(tmp_path, capsys):
 
 def test_a_probe_budget_of_nothing_keeps_the_probes_on_their_schedule_and_says_so(tmp_path, capsys):
     """Adaptive resolution still adds checkpoints on its dense grid; with --probes.budget 0
-    no probe runs there (every probe's cost is known after its first runs on the schedule)."""
+    no probe runs there (every probe's cost is known after its first runs on the schedule).
+    200 steps: onsets pending away from the schedule's 44 steps (10 added checkpoints; at 100
+    steps the schedule holds nearly every step and the grid adds none)."""
     from phasewatch.callbacks.schedule import Schedule
 
     run = tmp_path / "run"
     assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--data.task.p", "11",
-                 "--trainer.max_steps", "300", "--trainer.val_check_interval", "10",
+                 "--trainer.max_steps", "200", "--trainer.val_check_interval", "10",
                  "--model.weight_decay", "0.1", "--model.arch.d_model", "32", "--model.arch.d_mlp", "64",
                  "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
                  "--transitions.every_n_validations", "3", "--probes.budget", "0", "--no_wandb"]) == 0
-    scheduled = set(Schedule(kind="log", count=60).resolve(300))
+    scheduled = set(Schedule(kind="log", count=60).resolve(200))
     extra = {int(p.stem.split("=")[1]) for p in (run / "checkpoints").glob("step=*.ckpt")} - scheduled
     probed = {r["step"] for r in read_jsonl(run / "metrics.jsonl") if "grok/restricted_loss" in r}
     assert extra and probed == scheduled
@@ -78,10 +80,13 @@ def test_a_probe_budget_of_nothing_keeps_the_probes_on_their_schedule_and_says_s
 
 
 def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp_path, capsys, monkeypatch):
+    """Every event of the live watcher in events.jsonl, on the console (verbose) and in the W&B
+    run. 200 steps: onsets, withdrawals and confirmations of the Fourier measures, memorisation
+    (train/acc up) confirmed at ~117 and again at the end, onsets withdrawn when training ends."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     run = tmp_path / "run"
     assert main(["fit", "--run_dir", str(run), *TASKS["modular_addition"], "--data.task.p", "11",
-                 "--trainer.max_steps", "300", "--trainer.val_check_interval", "10",
+                 "--trainer.max_steps", "200", "--trainer.val_check_interval", "10",
                  "--model.weight_decay", "0.1", "--model.arch.d_model", "32", "--model.arch.d_mlp", "64",
                  "--model.arch.n_heads", "2", "--model.arch.d_head", "16", "--trainer.enable_progress_bar", "false",
                  "--transitions.every_n_validations", "3", "--probes.budget", "null", "--transitions.verbose", "true"]) == 0
@@ -94,9 +99,9 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
         (e["stage"], set(e) ^ fields[e["stage"]]) for e in everything if set(e) != fields[e["stage"]]]
     events = [e for e in everything if e["stage"] == "confirmed"]
     assert events and all(e["kind"] == "transition" for e in events)
-    # the last validation (step 300) has no look of its own: the final look follows, and an onset
+    # the last validation (step 200) has no look of its own: the final look follows, and an onset
     # said there would be withdrawn at once (this run's val/acc and val/seq_acc were)
-    assert not [e for e in everything if e["stage"] == "onset" and e["detected_at"] == 300]
+    assert not [e for e in everything if e["stage"] == "onset" and e["detected_at"] == 200]
     assert all(e["onset"] <= e["midpoint"] <= e["end"] <= e["detected_at"] for e in events)
     # a confirmed transition that had an onset event had it earlier, from the same series (an
     # onset that began after its end is the next change's: with looks between validations it
@@ -108,7 +113,7 @@ def test_live_transition_detector_writes_events_and_everything_reaches_wandb(tmp
     # adaptive resolution: checkpoints and probe values off the probes' schedule exist only on the
     # watcher's dense grid, while some onset was pending (from its step to 3 x it at most)
     from phasewatch.callbacks.schedule import Schedule
-    scheduled, grid = set(Schedule(kind="log", count=60).resolve(300)), set(Schedule(kind="log", count=200).resolve(300))
+    scheduled, grid = set(Schedule(kind="log", count=60).resolve(200)), set(Schedule(kind="log", count=200).resolve(200))
     saved = {int(p.stem.split("=")[1]) for p in (run / "checkpoints").glob("step=*.ckpt")}
     extra = saved - scheduled
     onsets = [e["detected_at"] for e in everything if e["stage"] == "onset"]
