@@ -226,7 +226,8 @@ class _StepModel:
         if (found := self._memo.get(key)) is None:
             found = self._memo[key] = compute()
             for array in found:
-                array.flags.writeable = False
+                if isinstance(array, np.ndarray):
+                    array.flags.writeable = False
         return found
 
     def _weighted(self, steps: list[tuple[float, float]], line: bool) -> np.ndarray:
@@ -269,6 +270,9 @@ class _StepModel:
         """The grid step that most reduces the weighted SSE given `steps`, and by how much. A step
         may not overlap (10-90% parts) a step of the other direction: that pair would be a bump
         cancelling itself, which lets a wide step stand in for several narrow ones."""
+        return self._once("addition", steps, self.line, lambda: self._addition(steps))
+
+    def _addition(self, steps: list[tuple[float, float]]) -> tuple[tuple[float, float], float]:
         q, residual = self._residual_basis(steps, self.line)
         # each column's part orthogonal to the model: the residual is orthogonal to it already
         along = self.columns.T @ residual
