@@ -22,6 +22,9 @@ from . import warm
 REPO = Path(__file__).resolve().parents[2]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 MAX_STEPS = 120
+#: 10 log-spaced checkpoints of the weights (not ~40, dense ones added): each run's trajectory
+#: and the analysis of its checkpoints read a quarter of the files
+CHECKPOINTS = "--checkpoints.schedule.count=10, --checkpoints.weights_only=true, --checkpoints.dense_per_decade=0,"
 TINY = f"""
 name: tiny
 method: grid
@@ -31,6 +34,7 @@ parameters:
   data.task.frac_train: {{values: [0.5, 0.7]}}
 command: ["${{env}}", phasewatch, fit, --config, configs/quickstart.yaml, --data.task.p=23,
           --trainer.max_steps={MAX_STEPS}, --trainer.val_check_interval=10, "--probes.names=[]",
+          {CHECKPOINTS}
           --report.every_n_validations=1000, "${{args}}"]
 """
 
