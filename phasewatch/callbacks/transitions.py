@@ -217,6 +217,7 @@ class TransitionWatcher(pl.Callback):
         self.stages: list[Stage] = []  # the run's stages so far (`stage_news`)
         self._said: dict[int, str] = {}  # stage id -> what was said of it: "begins" or "confirmed"
         self._begun: dict[int, Stage] = {}  # stage id -> the stage as last seen while said to begin
+        self._said_as: dict[int, Stage] = {}  # stage id -> the stage as it was said to begin
 
     # --- when ---------------------------------------------------------------------
 
@@ -334,8 +335,8 @@ class TransitionWatcher(pl.Callback):
         is new to say of them: ("begins", stage) when a stage is first seen, ("confirmed", stage)
         once every member is a confirmed transition, each only once the stage is `evident`;
         ("withdrawn", stage) at the end for a stage said to begin that was not confirmed and
-        that no confirmed stage took up (one sharing a moved series with it over its span takes
-        it up: nothing is said). A stage said confirmed keeps its members, name and id, and more
+        that no confirmed stage took up (one sharing a moved series with it over its span, as it
+        was said or as last seen, takes it up: nothing is said). A stage said confirmed keeps its members, name and id, and more
         of its changes join it unsaid (`detect_stages`' `keep`); what "begins" claims:
         `_stage_line`."""
         confirmed = [e for e in self.reported if e.get("stage") == "confirmed"]
@@ -355,7 +356,7 @@ class TransitionWatcher(pl.Callback):
             said = self._said.get(stage.id)
             if said is None and not done:
                 news.append(("begins", stage))
-                self._said[stage.id] = "begins"
+                self._said[stage.id], self._said_as[stage.id] = "begins", stage
             elif said != "confirmed" and done:
                 news.append(("confirmed", stage))
                 self._said[stage.id] = "confirmed"
@@ -364,9 +365,10 @@ class TransitionWatcher(pl.Callback):
             for stage_id, said in list(self._said.items()):
                 if said != "begins":
                     continue
-                begun = self._begun.get(stage_id) or next((s for s in self.stages if s.id == stage_id), None)
-                taken = begun is not None and any(_moved(s) & _moved(begun) and s.onset <= begun.end
-                                                  and begun.onset <= s.end for s in confirmed)
+                seen = [self._said_as.get(stage_id), self._begun.get(stage_id),
+                        next((s for s in self.stages if s.id == stage_id), None)]  # as said, as last seen
+                taken = any(_moved(s) & _moved(begun) and s.onset <= begun.end and begun.onset <= s.end
+                            for begun in seen if begun is not None for s in confirmed)
                 if not taken:
                     news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
                 self._said[stage_id] = "joined" if taken else "withdrawn"
@@ -496,6 +498,7 @@ class TransitionWatcher(pl.Callback):
                 "under_way": self._fits_under_way, "stages": [s.to_dict() for s in self.stages],
                 "said": {str(k): v for k, v in self._said.items()},
                 "begun": {str(k): s.to_dict() for k, s in self._begun.items()}, "last_look": self._last_look,
+                "said_as": {str(k): s.to_dict() for k, s in self._said_as.items()},
                 "rest": self._rest}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -509,6 +512,7 @@ class TransitionWatcher(pl.Callback):
         self.stages = [Stage.from_dict(s) for s in state_dict.get("stages", [])]
         self._said = {int(k): v for k, v in state_dict.get("said", {}).items()}
         self._begun = {int(k): Stage.from_dict(s) for k, s in state_dict.get("begun", {}).items()}
+        self._said_as = {int(k): Stage.from_dict(s) for k, s in state_dict.get("said_as", {}).items()}
         self._last_look = state_dict.get("last_look")  # a look at the resumed step that was made is not made again
         self._rest = state_dict.get("rest")  # none in older checkpoints: the next look is made whole
 
