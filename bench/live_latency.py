@@ -34,11 +34,13 @@ series without a transition.
    it and overlaps it, over its midpoint; that stage's confirmation over its end; per run the
    withdrawn stages and the default console lines (stage lines) per offline stage.
    Targets (issue 43): announced before the midpoint for >= 80% of stages, confirmed by
-   1.2 x end, at most one withdrawn stage per run, at most 3 lines per stage.
+   1.2 x end, at most one withdrawn stage per run, at most 3 lines per stage. With `--show`,
+   per run also what the lines claimed (`name_checks`: stages named at "begins", of them
+   confirmed under another name, leads changed, names confirmed twice); `--lines`, the lines.
 
     python bench/live_latency.py [--seeds 3] [--real quickstart induction_2l digit_addition]
                                  [--steps 3000] [--out /tmp/live_latency] [--frontier]
-    python bench/live_latency.py --stages RUN [RUN ...] [--looks validations watcher]
+    python bench/live_latency.py --stages RUN [RUN ...] [--looks validations watcher] [--show] [--lines]
 """
 
 from __future__ import annotations
@@ -392,6 +394,24 @@ def stage_summary(label: str, results: list[dict]) -> str:
             f"{sum(w <= 1 for w in withdrawn)}/{len(results)} | {lines / max(n, 1):.1f} | {live} |")
 
 
+def name_checks(result: dict) -> dict:
+    """What a replay's stage lines claimed, against what was confirmed: the stages named at
+    "begins" ("so far"), of them those confirmed under another name, the confirmed stages whose
+    lead changed from the one "begins" said, and the names confirmed for more than one stage."""
+    begun, confirmed = {}, {}
+    for _, what, stage in result["news"]:
+        if what == "begins":
+            begun.setdefault(stage.id, stage)
+        elif what == "confirmed":
+            confirmed[stage.id] = stage
+    named = [k for k, s in begun.items() if s.name]
+    names = [s.name for s in confirmed.values() if s.name]
+    return {"named at begins": len(named),
+            "renamed when confirmed": sum(k in confirmed and confirmed[k].name != begun[k].name for k in named),
+            "lead changed": sum(confirmed[k].lead != s.lead for k, s in begun.items() if k in confirmed),
+            "names confirmed twice": len(names) - len(set(names))}
+
+
 def members(run: Path) -> list[Path]:
     """A run folder, or a population's member folders (those with metrics)."""
     if (run / "metrics.jsonl").exists():
@@ -399,18 +419,22 @@ def members(run: Path) -> list[Path]:
     return sorted(p for p in run.iterdir() if (p / "metrics.jsonl").exists())
 
 
-def stages_table(runs: list[Path], looks: list[str], show: bool = False) -> None:
-    """`--stages`: a row per run (population) and look schedule (`stage_summary`)."""
+def stages_table(runs: list[Path], looks: list[str], show: bool = False, lines: bool = False) -> None:
+    """`--stages`: a row per run (population) and look schedule (`stage_summary`); `show`: each
+    offline stage's scores and each run's `name_checks`; `lines`: each run's stage lines."""
     print("## Stages, live against offline\n")
     print(STAGE_HEADER)
     for run in runs:
         for schedule in looks:
             results = [stage_replay(m, schedule) for m in members(run)]
             print(stage_summary(f"{run.name} ({len(results)}), {schedule}", results), flush=True)
-            if show:
-                for m, result in zip(members(run), results):
+            for m, result in zip(members(run), results):
+                if show:
                     for r in stage_scores(result):
                         print(f"    {m.name} {r}")
+                    print(f"    {m.name} {name_checks(result)}")
+                if lines:
+                    print("\n".join(f"    {m.name} {line}" for line in result["lines"]))
 
 
 def main() -> None:
@@ -426,10 +450,12 @@ def main() -> None:
                         help="replay these finished runs (or populations) through the watcher's stage news")
     parser.add_argument("--looks", nargs="+", default=["validations", "watcher"],
                         choices=["validations", "watcher", "logged"], help="the look schedules --stages replays")
-    parser.add_argument("--show", action="store_true", help="with --stages: every offline stage's row")
+    parser.add_argument("--show", action="store_true",
+                        help="with --stages: every offline stage's row, and what each run's lines claimed")
+    parser.add_argument("--lines", action="store_true", help="with --stages: every run's stage lines")
     args = parser.parse_args()
     if args.stages:
-        stages_table(args.stages, args.looks, args.show)
+        stages_table(args.stages, args.looks, args.show, args.lines)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.no_synthetic:
