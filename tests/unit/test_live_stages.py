@@ -120,3 +120,17 @@ def test_a_small_wiggle_is_not_said_a_large_change_of_the_same_series_is():
     wiggle, fall = (np.interp(STEPS, [200, 450], [4.11, after]) for after in (4.08, 1.0))
     assert run(wiggle) == []
     assert run(fall) == ["begins"]
+
+
+def test_a_stage_said_to_begin_whose_changes_a_confirmed_stage_took_up_is_not_withdrawn():
+    """A stage said to begin (the test and train losses falling) whose id a later look carried to
+    other changes under way (the train loss with the embeddings' Gini), while the test loss's fall
+    was confirmed in a stage of a new id: taken up as it was said, so nothing is withdrawn."""
+    w = TransitionWatcher()
+    said = look(w, 100, [], [change("val/loss", 50, 80, 120, under_way=True), change("train/loss", 55, 82, 125, under_way=True)])
+    assert [n[:2] for n in said] == [("begins", 1)]
+    assert look(w, 150, [], [change("train/loss", 55, 90, 160, under_way=True),
+                             change("grok/gini_embed", 60, 95, 170, "up", under_way=True)]) == []
+    assert [s.id for s in w.stages] == [1]
+    done = [change("val/loss", 50, 85, 130), change("grok/weight_norm", 52, 86, 128)]
+    assert [n[:2] for n in look(w, 1000, done, [], final=True)] == [("confirmed", 2)]
