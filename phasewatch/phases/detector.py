@@ -231,7 +231,7 @@ class _StepModel:
         return found
 
     def _weighted(self, steps: list[tuple[float, float]], line: bool) -> np.ndarray:
-        return self.root_w[:, None] * self.design(steps, line=line)
+        return self._once("design", steps, line, lambda: (self.root_w[:, None] * self.design(steps, line=line),))[0]
 
     def heights(self, steps: list[tuple[float, float]]) -> np.ndarray:
         """The fitted steps' heights (`fit`'s coefficients after the level and slope)."""
