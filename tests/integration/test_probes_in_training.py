@@ -195,16 +195,18 @@ def test_adaptive_resolution_runs_densely_only_the_probes_whose_series_are_in_tr
     """A RASP run with the tracr and ablation probes: a step that adaptive resolution added
     has a probe's values only when an onset of one of its series, or of a series that no probe
     logs (the loss, the accuracy), was found before it and no longer ago than `dense_for`
-    (3) x its step allows; and there are such steps where one of them ran and the other did not."""
+    (3) x its step allows; and there are such steps where one of them ran and the other did not.
+    100 steps: the tracr probe's series have onsets from step 15 on, the ablation's from 45
+    (tracr alone at 16 added steps, both at 29); 150 steps added only more steps where both ran."""
     from phasewatch.callbacks.schedule import Schedule
 
     run = tmp_path / "run"
     assert main(["fit", "--run_dir", str(run), *TASKS["rasp"], *TINY, "--probes.names", "[tracr, ablation]",
-                 "--trainer.max_steps", "150", "--trainer.val_check_interval", "15", "--no_wandb",
+                 "--trainer.max_steps", "100", "--trainer.val_check_interval", "15", "--no_wandb",
                  # looks at validations only: onsets enough to test the rule, and not the grid's
                  # extra onsets, each densifying the two costliest probes (the grid: test_look_schedule)
                  "--transitions.looks", "0"]) == 0
-    scheduled = set(Schedule(kind="log", count=60).resolve(150))
+    scheduled = set(Schedule(kind="log", count=60).resolve(100))
     onsets = [e for e in read_jsonl(run / "events.jsonl") if e["stage"] == "onset"]
     ran = {name: {r["step"] for r in read_jsonl(run / "metrics.jsonl") if key in r} - scheduled
            for name, key in (("tracr", "tracr/agreement"), ("ablation", "ablation/L0.attn/acc"))}
