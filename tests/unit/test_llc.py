@@ -30,9 +30,10 @@ def test_one_dimensional_potentials(power, expected, step):
 def test_d_dimensional_quadratic_has_d_over_two():
     d = 10
     w, unused = torch.zeros(d, dtype=torch.float64), torch.zeros(3, 3, dtype=torch.float64)
-    out = estimate_llc(lambda t: (w ** 2).sum() + 0 * unused.sum(), [w, unused], n=1000, chains=4, draws=3000,
-                       burn_in=1000, step_size=2e-4, gamma=1.0)
+    out = estimate_llc(lambda t: (w ** 2).sum() + 0 * unused.sum(), [w, unused], n=1000, chains=4, draws=1500,
+                       burn_in=500, step_size=2e-4, gamma=1.0)
     # the 9 parameters the loss ignores are held only by the localisation term: they add nothing
+    # (SGLD seeds 0-7 at these draws: within 5% of d/2; 3000 draws: 3%)
     assert out["llc"] == pytest.approx(d / 2, rel=0.1)
 
 
@@ -50,8 +51,8 @@ def test_minibatch_losses_estimate_the_same_coefficient():
         idx = slice(None) if t < 0 else torch.randperm(n, generator=pick)[:200]
         return ((x[idx] @ w - y[idx]) ** 2).mean() / 2
 
-    out = estimate_llc(loss, [w], n=n, chains=4, draws=4000, burn_in=1000, step_size=1e-4, gamma=1.0)
-    assert out["llc"] == pytest.approx(d / 2, rel=0.15)
+    out = estimate_llc(loss, [w], n=n, chains=4, draws=3000, burn_in=750, step_size=1e-4, gamma=1.0)
+    assert out["llc"] == pytest.approx(d / 2, rel=0.15)  # (seeds 0-7 of SGLD and minibatches: within 9%)
 
 
 def test_divergence_is_reported_instead_of_a_number():
