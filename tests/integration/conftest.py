@@ -14,11 +14,14 @@ from phasewatch.cli.main import main
 from .test_fit import TASKS, fit
 
 #: 300 steps of a small model on (a + b) mod 11 without probes: it memorises, the probes of
-#: `phasewatch analyze` run over its checkpoints afterwards
+#: `phasewatch analyze` run over its checkpoints afterwards. The live watcher takes only its final
+#: look and adds no checkpoints (its users read the metrics and the checkpoints on the schedule, not
+#: the training's events): a third less CPU, 47 checkpoints to analyse instead of 54
 GROKKING_RUN = [*TASKS["modular_addition"], "--data.task.p", "11", "--trainer.max_steps", "300",
                 "--trainer.val_check_interval", "10", "--model.weight_decay", "0.1", "--model.arch.d_model", "32",
                 "--model.arch.d_mlp", "64", "--model.arch.n_heads", "2", "--model.arch.d_head", "16",
-                "--trainer.enable_progress_bar", "false", "--probes.names", "[]"]
+                "--trainer.enable_progress_bar", "false", "--probes.names", "[]",
+                "--transitions.every_n_validations", "1000", "--transitions.looks", "0", "--transitions.dense", "false"]
 
 
 def copy_run(run, to):
