@@ -13,15 +13,16 @@ from phasewatch.cli.main import main
 
 from .test_fit import TASKS, fit
 
+#: the live watcher's final look only, no checkpoints added (test_headline_fast.py's QUIET), for the
+#: runs whose users read the metrics and the checkpoints on the schedule, not the training's events
+QUIET = ["--transitions.every_n_validations", "1000", "--transitions.looks", "0", "--transitions.dense", "false"]
 #: 300 steps of a small model on (a + b) mod 11 without probes: it memorises, the probes of
-#: `phasewatch analyze` run over its checkpoints afterwards. The live watcher takes only its final
-#: look and adds no checkpoints (its users read the metrics and the checkpoints on the schedule, not
-#: the training's events): a third less CPU, 47 checkpoints to analyse instead of 54
+#: `phasewatch analyze` run over its checkpoints afterwards. Quiet: a third less CPU, 47
+#: checkpoints to analyse instead of 54
 GROKKING_RUN = [*TASKS["modular_addition"], "--data.task.p", "11", "--trainer.max_steps", "300",
                 "--trainer.val_check_interval", "10", "--model.weight_decay", "0.1", "--model.arch.d_model", "32",
                 "--model.arch.d_mlp", "64", "--model.arch.n_heads", "2", "--model.arch.d_head", "16",
-                "--trainer.enable_progress_bar", "false", "--probes.names", "[]",
-                "--transitions.every_n_validations", "1000", "--transitions.looks", "0", "--transitions.dense", "false"]
+                "--trainer.enable_progress_bar", "false", "--probes.names", "[]", *QUIET]
 
 
 def copy_run(run, to):
@@ -52,10 +53,12 @@ def grokking_run(tmp_path_factory):
 def modular_run(tmp_path_factory):
     """A 150-step run of the default model on (a + b) mod 23 with 70% of the pairs for training,
     without probes, logged to an offline W&B run (test_diff.py's diffs and test_trajectory.py's
-    trajectories, each on a copy)."""
+    trajectories, each on a copy). The watcher is quiet (QUIET): diff finds its transitions in
+    the metrics, and both read the checkpoints on the schedule."""
     run = tmp_path_factory.mktemp("modular") / "run"
     _offline_fit(run, "--data.task.p", "23", "--data.task.frac_train", "0.7", "--trainer.max_steps", "150",
-                 "--trainer.val_check_interval", "10", "--probes.names", "[]", "--trainer.enable_progress_bar", "false")
+                 "--trainer.val_check_interval", "10", "--probes.names", "[]", "--trainer.enable_progress_bar", "false",
+                 *QUIET)
     return run
 
 
