@@ -367,7 +367,7 @@ class TransitionWatcher(pl.Callback):
                     continue
                 seen = [self._said_as.get(stage_id), self._begun.get(stage_id),
                         next((s for s in self.stages if s.id == stage_id), None)]  # as said, as last seen
-                taken = any(_moved(s) & _moved(begun) and s.onset <= begun.end and begun.onset <= s.end
+                taken = any(s.moved & begun.moved and s.onset <= begun.end and begun.onset <= s.end
                             for begun in seen if begun is not None for s in confirmed)
                 if not taken:
                     news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
@@ -527,14 +527,10 @@ def evident(stage: Stage, series: dict) -> bool:
                                       and bool(stage_levels(stage, series)))
 
 
-def _moved(stage: Stage) -> set[tuple[str, str]]:
-    return {(m["series"], m["direction"]) for m in stage.members}
-
-
 def _outline(stages: list[Stage]) -> list[tuple]:
     """What of the stages the next look's would depend on (ids, spans, names, what moved), to
     tell whether a look left them as they were (`look`'s shortcut)."""
-    return [(s.id, s.onset, s.midpoint, s.end, s.name, len(s.members), frozenset(_moved(s))) for s in stages]
+    return [(s.id, s.onset, s.midpoint, s.end, s.name, len(s.members), frozenset(s.moved)) for s in stages]
 
 
 def _points(series: dict) -> int:

@@ -174,6 +174,11 @@ class Stage:
     under_way_at_end: bool = False
 
     @property
+    def moved(self) -> set[tuple[str, str]]:
+        """The (series, direction) pairs of its members."""
+        return {(m["series"], m["direction"]) for m in self.members}
+
+    @property
     def in_progress(self) -> bool:
         """A member is a change still under way (live)."""
         return any(m.get("kind") == "in_progress" for m in self.members)
@@ -542,9 +547,9 @@ def _carry_ids(stages: list[Stage], previous: Sequence[Stage], taken: set[int] =
     next_id = max([s.id for s in previous] + list(taken) + [0]) + 1
     pairs = []
     for k, stage in enumerate(stages):
-        mine = {(m["series"], m["direction"]) for m in stage.members}
+        mine = stage.moved
         for old in previous:
-            common = len(mine & {(m["series"], m["direction"]) for m in old.members})
+            common = len(mine & old.moved)
             if common and not (old.end < stage.onset or stage.end < old.onset):
                 pairs.append(((stage.name is not None and old.name == stage.name, common), -k, old.id))
     for _, k, old_id in sorted(pairs, reverse=True):
