@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from phasewatch.models import native_module, parameters_kept
+from phasewatch.models import call_with, native_module, parameters_kept
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.errors import ConfigError
@@ -322,15 +322,13 @@ def _training_loss(module, task, batches: list) -> tuple[int, float]:
 def _llc_side_by_side(module, named: dict[str, Tensor], task, batch_at, n: int, loss_star: float,
                       sgld: dict[str, Any]) -> dict:
     """`estimate_llc_side_by_side` of the module's loss on `batch_at`'s batches."""
-    from torch.func import functional_call
-
     from phasewatch.tasks.base import Batch, masked_mean_loss
 
     chains = sgld["chains"]
 
     def loss(p: dict[str, Tensor], inputs: tuple[Tensor, Tensor, Tensor]) -> Tensor:
         tokens, targets, mask = inputs
-        return masked_mean_loss(functional_call(module, p, (tokens,)), Batch(tokens, targets, mask), task.loss_dtype)
+        return masked_mean_loss(call_with(module, p, (tokens,)), Batch(tokens, targets, mask), task.loss_dtype)
 
     def inputs_at(t: int) -> tuple[Tensor, Tensor, Tensor]:
         per_chain = [batch_at(t, c) for c in range(chains)]
