@@ -7,11 +7,12 @@ pieces in one direction joined) whose midpoints are one time up to their own wid
 time (a chi-squared test at `LEVEL`) form a group; a group is a stage when it holds series of
 two families or a headline series (`StageRules`), and the lone changes of other groups are
 taken out. Stages are named over the whole sequence by the declared `Signature`s they match
-(`assign_names`: each name once, a sequence's in order; None otherwise, never forced); where an
-LLC series exists a stage has a type ("A": loss falls, LLC rises; "B": loss flat, LLC falls;
-Hoogland et al. 2024). `previous` carries stage ids between calls, `keep` holds stages already
-said. A run folder's stages: `run_stages`, written by `record_stages`/`write_stages`, read by
-`read_stages`. Method and measurements: docs/stages.md.
+(`assign_names`: each name once, a sequence's in order; None otherwise, never forced); an
+unnamed stage overlapping a named neighbour whose signature it matches joins it (`_one_phase`).
+Where an LLC series exists a stage has a type ("A": loss falls, LLC rises; "B": loss flat, LLC
+falls; Hoogland et al. 2024). `previous` carries ids between calls, `keep` holds stages already
+said. A run folder's stages: `run_stages`, `record_stages`/`write_stages`, `read_stages`.
+Method and measurements: docs/stages.md.
 """
 
 from __future__ import annotations
@@ -459,6 +460,54 @@ def stage_type(onset: int, end: int, series: dict) -> str | None:
     return None
 
 
+def _evidence(signature: Signature, members: list[dict], others: Iterable[list[dict]],
+              series: dict) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """What a stage (its `members`) shows of a signature: the (series, direction) pairs of its
+    members that count (`Signature.counts`), and its series' `during` moves over its span (its
+    members' earliest onset to latest end) that are no transition of the `others` (other stages'
+    members) over those steps (`Signature.spanned`)."""
+    span = (min(m["onset"] for m in members), max(m["end"] for m in members)) if members else (0, 0)
+    elsewhere = {(m["metric"], m["direction"]) for other in others for m in other
+                 if m["onset"] < span[1] and m["end"] > span[0]}
+    moved = {(m["metric"], m["direction"]) for m in members if signature.counts(m, series)}
+    return moved, signature.spanned(series, *span, elsewhere)
+
+
+def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: dict,
+               kept: Sequence[Stage] = ()) -> list[Stage]:
+    """Stages of one phase joined (docs/stages.md, Names: one phase, one interval). An unnamed
+    stage next to a named one in time order, their spans overlapping, that matches the named
+    stage's signature by itself (`_evidence`, the named stage's transitions counting as its own
+    phase's `during` moves) is more of that phase: its members join the named stage (span,
+    midpoint, lead and type redone; a stage in `kept`, said live, keeps its lead and type, and
+    never joins another), until no such pair is left. A stage with a change in progress waits
+    until it is a transition. The stages left, in order."""
+    signatures = {s.name: s for s in rules.signatures}
+    stages = sorted(stages, key=lambda s: (s.midpoint, s.onset))
+
+    def continues(named: Stage, other: Stage) -> bool:
+        signature = signatures.get(named.name)
+        if (signature is None or other.name is not None or other.in_progress or any(other is k for k in kept)
+                or other.onset > named.end or named.onset > other.end):
+            return False
+        moved, spanned = _evidence(signature, other.members, [s.members for s in stages if s is not other
+                                                              and s is not named], series)
+        return signature.matches(moved, keys, spanned)
+
+    while True:
+        pair = next(((n, o) for a, b in zip(stages, stages[1:]) for n, o in ((a, b), (b, a)) if continues(n, o)), None)
+        if pair is None:
+            return stages
+        named, other = pair
+        named.members = sorted(named.members + other.members, key=lambda m: (m["midpoint"], m["metric"]))
+        named.onset, named.end, named.under_way_at_end = _span(named.members, series)
+        named.midpoint = _midpoint(named.members, series)
+        if not any(named is k for k in kept):
+            named.lead = min(named.members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))["series"]
+            named.type = stage_type(named.onset, named.end, series)
+        stages = sorted((s for s in stages if s is not other), key=lambda s: (s.midpoint, s.onset))
+
+
 def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable[str] = (),
                  fixed: dict[int, str | None] | None = None, series: dict | None = None) -> list[str | None]:
     """The names of a run's stages (each a list of members, in time order), assigned over the
@@ -474,13 +523,10 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
     sequences = sorted({s.sequence for s in rules.signatures if s.sequence is not None})
     matched, strong = [], []
     for i, members in enumerate(stages):
-        span = (min(m["onset"] for m in members), max(m["end"] for m in members)) if members else (0, 0)
-        elsewhere = {(m["metric"], m["direction"]) for j, other in enumerate(stages) if j != i for m in other
-                     if m["onset"] < span[1] and m["end"] > span[0]}
-        moved = {s.name: {(m["metric"], m["direction"]) for m in members if s.counts(m, series)} for s in rules.signatures}
-        matched.append([s for s in rules.signatures
-                        if s.matches(moved[s.name], keys, s.spanned(series, *span, elsewhere))])
-        strong.append({s.name for s in matched[-1] if s.matches(moved[s.name], keys)})
+        evidence = {s.name: _evidence(s, members, [o for j, o in enumerate(stages) if j != i], series)
+                    for s in rules.signatures}
+        matched.append([s for s in rules.signatures if s.matches(evidence[s.name][0], keys, evidence[s.name][1])])
+        strong.append({s.name for s in matched[-1] if s.matches(evidence[s.name][0], keys)})
     for i, name in fixed.items():
         matched[i], strong[i] = [s for s in rules.signatures if s.name == name], {name}
     sequence_of = {s.name: s.sequence for s in rules.signatures}
@@ -634,7 +680,8 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     `series`: metric -> (steps, values) (for sizes, signatures' `run_has` and types);
     `previous`: the stages of an earlier call, whose ids carry over; `keep`: stages kept with
     their ids, names and members (live: those already confirmed), their members' events left
-    out of the grouping, and more of their changes joined to them (`_absorbed`)."""
+    out of the grouping, and more of their changes joined to them (`_absorbed`; stages of their
+    phase, `_one_phase`)."""
     rules = rules or StageRules()
     kept = {_key(m) for stage in keep for m in stage.members}
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
@@ -651,10 +698,11 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
                          lead=lead["series"], type=stage_type(onset, end, series), under_way_at_end=open_end))
     stages = sorted([*keep, *new], key=lambda s: (s.midpoint, s.onset))
     fixed = {i: s.name for i, s in enumerate(stages) if any(s is k for k in keep)}
-    names = assign_names([s.members for s in stages], rules, list(series) + [e["metric"] for e in usable], fixed,
-                         series)
-    for stage, name in zip(stages, names):
+    keys = list(series) + [e["metric"] for e in usable]
+    for stage, name in zip(stages, assign_names([s.members for s in stages], rules, keys, fixed, series)):
         stage.name = name
+    stages = _one_phase(stages, rules, keys, series, keep)
+    new = [s for s in new if any(s is t for t in stages)]
     if previous is not None or keep:
         _carry_ids(new, [s for s in previous or () if all(s.id != k.id for k in keep)], {k.id for k in keep})
     else:

@@ -415,16 +415,19 @@ def test_the_quickstarts_stages_do_not_move_with_where_the_detector_cut_a_change
     grouped with the excluded loss's rise and the two runs read different stages (memorisation >
     circuit formation > cleanup, and memorisation > cleanup > unnamed); at the step where half of
     its change is made (1,115), as the other run's, both read the same: since session 15
-    (wide changes bridge no stages), memorisation > circuit formation > cleanup > unnamed."""
+    (wide changes bridge no stages), memorisation > circuit formation > cleanup, and since session
+    16 the test loss's collapse is part of cleanup (one phase, one stage)."""
     import phasewatch.probes  # noqa: F401
     from phasewatch.probes.keys import stage_rules
 
     at = [20, 50, 100, 150, 200, 300, 400, 500, 700, 1000, 1300, 1600, 2000, 2500, 3000]  # log10 of each loss there
     train = [0.61, 0.58, 0.32, -1.31, -2.02, -2.45, -2.95, -3.44, -4.41, -5.78, -6.74, -6.98, -7.05, -7.10, -7.14]
     restricted = [0.61, 0.62, 0.64, 0.14, -0.02, -0.23, -0.49, -0.77, -1.39, -2.76, -4.60, -6.07, -7.27, -6.84, -7.41]
+    norm = [854, 1004, 1609, 2208, 2226, 2172, 2151, 2137, 2110, 1985, 1708, 1392, 1096, 892, 784]  # sum of squares
     steps = np.arange(10, 3001, 10)
     series = {"train/loss": (steps, 10 ** np.interp(steps, at, train)),
-              "grok/restricted_loss": (steps, 10 ** np.interp(steps, at, restricted))}
+              "grok/restricted_loss": (steps, 10 ** np.interp(steps, at, restricted)),
+              "grok/weight_norm": (steps, np.interp(steps, at, norm))}
     common = [("grok/excluded_loss", "down", 82, 89, 96), ("val/loss", "up", 46, 90, 147),
               ("grok/weight_norm", "up", 63, 95, 136), ("train/acc", "up", 66, 101, 132),
               ("grok/n_key_freqs", "up", 104, 106, 108),
@@ -448,10 +451,13 @@ def test_the_quickstarts_stages_do_not_move_with_where_the_detector_cut_a_change
     # Nanda et al. 2023's phases in their order: the excluded loss's rise with the train loss's
     # last fall by decades (circuit formation), apart from the test accuracy's rise as the weights
     # shrink (cleanup), the restricted loss's and key-logit fraction's wide rises between them
-    # joining the latter; the test loss's collapse by decades after it stays unnamed
-    assert [name for name, _ in read[0]] == ["memorisation", "circuit formation", "cleanup", None]
+    # joining the latter; the test loss's collapse by decades (1,518-3,092) overlaps cleanup and,
+    # the weights still shrinking over it, is cleanup too: one phase, one stage (session 16; it was
+    # a fourth, unnamed stage)
+    assert [name for name, _ in read[0]] == ["memorisation", "circuit formation", "cleanup"]
     assert read[0][1][1] == [("grok/excluded_loss", "up"), ("train/loss", "down")]
-    assert {("val/acc", "up"), ("grok/weight_norm", "down"), ("grok/restricted_loss", "down")} <= set(read[0][2][1])
+    assert {("val/acc", "up"), ("grok/weight_norm", "down"), ("grok/restricted_loss", "down"),
+            ("val/loss", "down")} <= set(read[0][2][1])
 
 
 def test_a_restricted_loss_jump_at_a_change_of_the_key_frequencies_is_no_circuit_formation():
@@ -607,3 +613,33 @@ def test_memorisation_is_the_test_loss_not_falling_whatever_the_test_accuracy_do
     assert [s.name for s in detect_stages(memorising, series, stage_rules())] == ["memorisation"]
     generalising = memorising + [event("val/loss", 36)]
     assert [s.name for s in detect_stages(generalising, series, stage_rules())] == [None]
+
+
+def test_a_stage_overlapping_a_named_one_and_matching_its_signature_by_itself_is_that_phase():
+    """One phase, one interval (docs/stages.md, Names): an unnamed stage next to a named one,
+    their spans overlapping, that matches the named stage's signature by itself is more of that
+    phase and joins it (the quickstart's test-loss collapse, 1,518-3,092, and its cleanup,
+    446-2,654). Not joined: a stage of the same moves after the named one has ended (a second
+    time is no phase continuing), one overlapping it that does not match, a change still in
+    progress (live: it waits until it is a transition)."""
+    rules = StageRules(signatures=(Signature("P", moves=("a/x down | a/w down",)),))
+    named = [event("a/x", 100, decades=1.0), event("b/y", 100, "up", decades=1.0)]  # 32-316
+    later = [event("a/w", 400), event("c/z", 400, "up")]  # 283-565: overlaps, matches P
+    apart = detect_stages(named + later, {}, PLAIN)
+    assert len(apart) == 2  # two times: the grouping alone keeps them apart
+    stages = detect_stages(named + later, {}, rules)
+    assert [(s.name, members(s)) for s in stages] == [
+        ("P", [("a/w", "down"), ("a/x", "down"), ("b/y", "up"), ("c/z", "up")])]
+    one = stages[0]
+    assert (one.onset, one.end, one.lead) == (32, 565, "a/x") and 100 < one.midpoint < 400
+    far = [event("a/w", 1000), event("c/z", 1000, "up")]  # 708-1,413: after P ended
+    assert [s.name for s in detect_stages(named + far, {}, rules)] == ["P", None]
+    other = [event("d/q", 400), event("c/z", 400, "up")]  # overlaps, no move of P
+    assert [s.name for s in detect_stages(named + other, {}, rules)] == ["P", None]
+    under_way = [{**e, "kind": "in_progress"} for e in later]
+    assert [s.name for s in detect_stages(named + under_way, {}, rules)] == ["P", None]
+    # live: a stage said (kept) takes the later stage in, its id, name and lead as said
+    said = detect_stages(named, {}, rules)
+    grown = detect_stages(named + later, {}, rules, previous=said, keep=said)
+    assert [(s.id, s.name, s.lead, len(s.members)) for s in grown] == [(said[0].id, "P", "a/x", 4)]
+    assert len(said[0].members) == 2  # the kept stage itself is not changed
