@@ -2,13 +2,15 @@
 
     python bench/gpu_grokking.py [--config configs/grokking_nanda2023.yaml] [--steps N]
                                  [--device cuda] [--out bench/RESULTS.md]
-                                 [--parts loop,fit,bare] [--state bench/gpu_grokking_state.json]
+                                 [--parts loop,fit,bare,plain] [--state bench/gpu_grokking_state.json]
 
 In one process, one after the other on the same device: (1) a hand-written loop (the
 config's model as a plain module, its full training batch resident on the device,
 AdamW with the same warm-up, the test accuracy read every `val_check_interval` steps);
 (2) `phasewatch fit` with the default probes; (3) `phasewatch fit` with no probes (for
-the probes' overhead). For each: wall time of the training loop (start-up excluded),
+the probes' overhead); optionally (4, `plain`) `phasewatch fit` with the default probes
+and one optimisation step per Lightning step (`TrainModule.chunks` off: the run before
+several steps ran to a Lightning step on a GPU). For each: wall time of the training loop (start-up excluded),
 steps per second, the first validation with test accuracy > 99% and the wall time to
 it; for the phasewatch run also the detected transitions of the paper's measures (its
 events.jsonl). Appends a dated section to `--out` (bench/RESULTS.md). Target: phasewatch
@@ -77,12 +79,13 @@ def loop_run(config: str, steps: int, device: str) -> dict:
     return {"seconds": seconds, "steps_per_s": steps / seconds, "grok_step": grok_step, "grok_seconds": grok_seconds}
 
 
-def fit_run(config: str, steps: int, device: str, probes: bool) -> dict:
+def fit_run(config: str, steps: int, device: str, probes: bool, chunks: bool = True) -> dict:
     """`phasewatch fit` on the device; returns its timings and detected transitions."""
     import lightning.pytorch as pl
     from baseline_setup import fit_with_callback
 
     from phasewatch.rundir import RunFolder
+    from phasewatch.training.module import TrainModule
 
     clock: dict = {}
 
@@ -102,12 +105,14 @@ def fit_run(config: str, steps: int, device: str, probes: bool) -> dict:
 
     accelerator = "gpu" if device.startswith("cuda") else "cpu"
     extra = [] if probes else ["--probes.names", "[]"]
+    TrainModule.chunks = chunks
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         rc = fit_with_callback(["--config", config, "--run_dir", str(run), "--trainer.max_steps", str(steps),
                                 "--trainer.accelerator", accelerator, "--trainer.enable_progress_bar", "false",
                                 "--no_wandb", *extra], Clock())
         events = RunFolder(run).transitions()  # confirmed ones: onsets and withdrawals have no midpoint
+    TrainModule.chunks = True
     if rc != 0:
         raise SystemExit(f"phasewatch fit exited with {rc}")
     grok_step, grok_seconds = clock.get("grok", (None, None))
@@ -120,13 +125,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def report(config: str, steps: int, device: str, loop: dict, fit: dict, bare: dict) -> str:
+def report(config: str, steps: int, device: str, loop: dict, fit: dict, bare: dict, plain: dict | None) -> str:
     name = torch.cuda.get_device_name() if device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)"
 
     def cell(x, fmt):
         return "-" if x is None else format(x, fmt)
 
     rows = [("hand-written loop", loop), ("phasewatch fit, default probes", fit), ("phasewatch fit, no probes", bare)]
+    if plain is not None:
+        rows.append(("phasewatch fit, default probes, one step per Lightning step", plain))
     lines = [f"## {config}, {steps:,} steps on {name}, {datetime.date.today()} (torch {torch.__version__})", "",
              "| run | wall time (s) | steps/s | ratio to loop | test acc > 99% at step | wall time to it (s) |",
              "| --- | --- | --- | --- | --- | --- |"]
@@ -151,15 +158,15 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="bench/RESULTS.md")
     ap.add_argument("--parts", default="loop,fit,bare",
-                    help="which runs now (loop, fit, bare), comma-separated; the others come from --state")
+                    help="which runs now (loop, fit, bare, plain), comma-separated; the others come from --state")
     ap.add_argument("--state", default="bench/gpu_grokking_state.json", help="results of earlier parts")
     a = ap.parse_args()
     import yaml
 
     steps = a.steps or yaml.safe_load(open(a.config))["trainer"]["max_steps"]
     parts = [p for p in a.parts.split(",") if p]
-    if set(parts) - {"loop", "fit", "bare"}:
-        ap.error(f"--parts takes loop, fit and bare, not {a.parts!r}")
+    if set(parts) - {"loop", "fit", "bare", "plain"}:
+        ap.error(f"--parts takes loop, fit, bare and plain, not {a.parts!r}")
     state_file = Path(a.state)
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     key = f"{a.config} {steps} {a.device}"
@@ -168,14 +175,14 @@ def main() -> int:
         if part == "loop":
             done[part] = loop_run(a.config, steps, a.device)
         else:
-            done[part] = fit_run(a.config, steps, a.device, probes=part == "fit")
+            done[part] = fit_run(a.config, steps, a.device, probes=part != "bare", chunks=part != "plain")
         print(f"{part}: {({k: v for k, v in done[part].items() if k != 'events'})}", file=sys.stderr)
         state_file.write_text(json.dumps(state, indent=1))
     missing = [p for p in ("loop", "fit", "bare") if p not in done]
     if missing:
         print(f"kept in {state_file}; still to run for the report: --parts {','.join(missing)}", file=sys.stderr)
         return 0
-    text = report(a.config, steps, a.device, done["loop"], done["fit"], done["bare"])
+    text = report(a.config, steps, a.device, done["loop"], done["fit"], done["bare"], done.get("plain"))
     del state[key]  # reported: a later sitting measures again
     state_file.write_text(json.dumps(state, indent=1))
     out = Path(a.out)

@@ -46,13 +46,15 @@ class Batch:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def _map(self, fn) -> "Batch":
+        return Batch(fn(self.tokens), fn(self.targets), fn(self.loss_mask), {k: fn(v) for k, v in self.extras.items()})
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return Batch(
-            self.tokens.to(device, non_blocking=non_blocking),
-            self.targets.to(device, non_blocking=non_blocking),
-            self.loss_mask.to(device, non_blocking=non_blocking),
-            {k: v.to(device, non_blocking=non_blocking) for k, v in self.extras.items()},
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "Batch":
+        """A copy in pinned host memory (what a DataLoader with `pin_memory` calls)."""
+        return self._map(torch.Tensor.pin_memory)
 
     def spread(self, n: int) -> "Batch":
         """At most `n` of its sequences, spread evenly over the batch (all of them when it holds no more)."""

@@ -7,8 +7,8 @@ of sequences with every answer token right). A task that names a second validati
 (`Task.val_groups`, e.g. RASP's lengths beyond those trained on) gets the same three
 under its own prefix (`val_longer/acc`, ...).
 
-On the CPU, steps between which nothing is due (logging, validation, a callback's hook) run
-several to a Lightning step (`TrainModule.chunked`): the same arithmetic, bit for bit, with
+Steps between which nothing is due (logging, validation, a callback's hook) run several to a
+Lightning step (`TrainModule.chunked`): the same arithmetic, bit for bit on the CPU, with
 Lightning's per-step work paid once per chunk (bench/README.md, fit_speed).
 """
 
@@ -82,13 +82,15 @@ class TaskDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         start = self.trainer.global_step if self.trainer is not None else 0
-        # new batches every step are pinned (copied to the GPU without blocking); a full-batch
-        # task served whole repeats one set, which stays on the device
-        # (TrainModule.transfer_batch_to_device)
-        pin = (self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
-               and not (self.task.full_batch and self.batch_size is None))
         return DataLoader(StepStream(self.task, self.batch_size, start), batch_size=None, collate_fn=_identity,
-                          pin_memory=pin)
+                          pin_memory=self.pins())
+
+    def pins(self) -> bool:
+        """Whether training batches are pinned in host memory (copied to the GPU without
+        blocking): on CUDA, where every step has a new batch. A full-batch task served whole
+        repeats one set, which stays on the device (TrainModule.transfer_batch_to_device)."""
+        return (self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+                and not (self.task.full_batch and self.batch_size is None))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.task.val_batches(), batch_size=None, collate_fn=_identity)
@@ -187,10 +189,10 @@ class TrainModule(pl.LightningModule):
         self._automatic_optimization = value
 
     def chunked(self) -> bool:
-        """Whether training steps run several to a Lightning step (`_chunk`): on the CPU, with
-        the plain step, no gradient clipping or accumulation, steps counted by Lightning's
-        batches (validation every `val_check_interval` steps), and every callback that acts
-        at training steps saying at which (`_chunk_aware`). Decided when a fit's training
+        """Whether training steps run several to a Lightning step (`_chunk`): with the plain
+        step, no gradient clipping or accumulation, steps counted by Lightning's batches
+        (validation every `val_check_interval` steps), and every callback that acts at
+        training steps saying at which (`_chunk_aware`). Decided when a fit's training
         starts (`on_train_start`, a resumed fit's too): Lightning asks several times a step."""
         trainer = self._trainer
         plan = self._fit_plan
@@ -201,7 +203,7 @@ class TrainModule(pl.LightningModule):
     def _chunkable(self, trainer: pl.Trainer | None) -> bool:
         return bool(self.chunks and trainer is not None and trainer.state.fn == "fit"
                     and not self.hparams.get("vectorised") and not self.aux_terms
-                    and trainer.strategy.root_device.type == "cpu" and not trainer.gradient_clip_val
+                    and not trainer.gradient_clip_val
                     and trainer.accumulate_grad_batches == 1 and trainer.log_every_n_steps >= 1
                     and trainer.limit_train_batches == 1.0 and trainer.check_val_every_n_epoch is None
                     and trainer._val_check_time_interval is None
@@ -232,15 +234,20 @@ class TrainModule(pl.LightningModule):
         """Optimisation steps from this one up to the next where anything is due, or one whose
         loss is not finite: each as Lightning's automatic optimisation runs it (zero_grad,
         backward, the optimizer's and the scheduler's step; no update where the loss is not
-        finite), on the batch of its step, without Lightning's hooks around each (no callback
-        that `chunked` allows has any). Lightning's own batch is not used: after a chunk its
-        stream's position is no longer the step. Lightning's counters count each step."""
+        finite; on an accelerator the fused AdamW skips it on the device, `_checked_on_device`),
+        on the batch of its step, without Lightning's hooks around each (no callback that
+        `chunked` allows has any). Lightning's own batch is not used: after a chunk its stream's
+        position is no longer the step. Lightning's counters count each step."""
         optimizer, sched = self.optimizers().optimizer, self.lr_schedulers()
         loop = self.trainer.fit_loop.epoch_loop
         steps = loop.manual_optimization.optim_step_progress  # Lightning's global_step
-        batch_size = self.trainer.datamodule.batch_size
+        data = self.trainer.datamodule
+        device, pin = self.device, data.pins()
         while True:
-            loss = self._step(self.task.train_batch(self.global_step, batch_size), batch_idx)
+            batch = self.task.train_batch(self.global_step, data.batch_size)
+            if device.type != "cpu":
+                batch = self.transfer_batch_to_device(batch.pin_memory() if pin else batch, device, 0)
+            loss = self._step(batch, batch_idx)
             optimizer.zero_grad()
             if loss is not None:
                 loss.backward()
@@ -293,13 +300,14 @@ class TrainModule(pl.LightningModule):
         params = {name: p.unsqueeze(0) for name, p in module.named_parameters()}
         shared = self.hparams.vectorised == "shared"
         if not shared:
-            batch = Batch(batch.tokens.unsqueeze(0), batch.targets.unsqueeze(0), batch.loss_mask.unsqueeze(0))
+            batch = Batch(batch.tokens.unsqueeze(0), batch.targets.unsqueeze(0), batch.loss_mask.unsqueeze(0),
+                          {k: v.unsqueeze(0) for k, v in batch.extras.items() if k == "attend"})
         return vectorised_outputs(module, params, batch, shared, counts, self.loss_dtype)
 
     def _vectorised_step(self, batch: Batch) -> torch.Tensor | None:
         """The training step of `vectorised`: PopulationModule.training_step's arithmetic."""
         logging = not (self.global_step + 1) % self.trainer.log_every_n_steps
-        out = self._as_population_of_one(batch, counts=logging)
+        out = self._as_population_of_one(batch, counts=logging)  # as the population
         aux = {name: term for fn in self.aux_terms for name, term in fn(self).items()}
         loss = out["loss"].sum() + sum(aux.values())  # the population back-propagates the sum over members
         if not logging:
@@ -472,17 +480,37 @@ class FitPlan:
                    tuple(cb for cb in callbacks if isinstance(cb, TransitionWatcher)))
 
 
+def padded(batch: Batch, length: int) -> Batch:
+    """`batch` (any leading dimensions) with every sequence padded at its end to `length`
+    positions (token 0, target 0, out of the loss) and `extras["attend"]` marking the real
+    positions, which `vectorised_outputs` masks the padding out of attention by: what the
+    vectorised step trains on, so that a RASP population's lengths are one pass. As it is when
+    its sequences already have `length` positions."""
+    pad = length - batch.tokens.shape[-1]
+    if pad <= 0:
+        return batch
+
+    def fill(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_zeros(*t.shape[:-1], pad)], dim=-1)
+
+    attend = fill(torch.ones_like(batch.loss_mask))
+    return Batch(fill(batch.tokens), fill(batch.targets), fill(batch.loss_mask), {"attend": attend})
+
+
 def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
                        counts: bool, loss_dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """One pass of `module` for a stack of members (`params`: every parameter with a leading
     member dimension), `torch.func.vmap` of `functional_call`: per member, the mean loss over
     answer tokens `loss` and, with `counts`, `loss_sum`, `tokens`, `correct` and `seq_ok`.
-    `batch` is one batch for every member (`shared`) or the members' batches stacked. The
-    population's step (training/population.py), and a member's re-run alone (`vectorised`)."""
+    `batch` is one batch for every member (`shared`) or the members' batches stacked; a batch
+    `padded` passes its `attend` to the model as the attention mask. The population's step
+    (training/population.py), and a member's re-run alone (`vectorised`)."""
     from torch.func import vmap
 
-    def one(params, tokens, targets, mask):
-        logits = call_with(module, params, (tokens,))
+    attend = batch.extras.get("attend")
+
+    def one(params, tokens, targets, mask, attend):
+        logits = call_with(module, params, (tokens,) if attend is None else (tokens, attend))
         # every position's cross-entropy weighted by the mask (`masked_mean_loss`: no boolean
         # indexing, which vmap cannot do)
         per = F.cross_entropy(logits.to(loss_dtype).flatten(0, -2), targets.flatten(), reduction="none")
@@ -503,9 +531,11 @@ def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor],
         params = {name: torch.cat([p, p.detach()]) for name, p in params.items()}
         if not shared:
             batch = Batch(*(torch.cat([t, t]) for t in (batch.tokens, batch.targets, batch.loss_mask)))
+            attend = None if attend is None else torch.cat([attend, attend])
     data = None if shared else 0
     with parameters_kept(module):
-        out = vmap(one, in_dims=(0, data, data, data))(params, batch.tokens, batch.targets, batch.loss_mask)
+        out = vmap(one, in_dims=(0, data, data, data, None if attend is None else data))(
+            params, batch.tokens, batch.targets, batch.loss_mask, attend)
     return {key: value[:1] for key, value in out.items()} if alone else out
 
 

@@ -122,3 +122,25 @@ def test_a_population_on_the_device_trains_each_member_as_on_the_cpu(tmp_path, t
         assert cpu.keys() == gpu.keys()
         for key, value in cpu.items():
             assert gpu[key] == pytest.approx(value, rel=1e-3, abs=1e-4), (member, key)
+
+
+def test_chunked_steps_on_the_device_follow_one_step_at_a_time(tmp_path, monkeypatch):
+    """Several optimisation steps per Lightning step on the device (new pinned batches every
+    step, the deferred non-finite check): the same losses and weights as one step per Lightning
+    step on the device, up to float error (a GPU's kernels need not round alike from run to run)."""
+    from . import test_step_chunks as chunks
+
+    accelerator = ["--trainer.accelerator", {"cuda": "gpu"}.get(DEVICE, DEVICE), "--trainer.devices", "1"]
+    plain = chunks.fit(tmp_path / "plain", False, monkeypatch, *accelerator)
+    chunked = chunks.fit(tmp_path / "chunked", True, monkeypatch, *accelerator)
+    assert plain == [1] * chunks.STEPS and sum(chunked) == chunks.STEPS and max(chunked) > 1
+    rows = {name: read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("plain", "chunked")}
+    assert [sorted(r) for r in rows["chunked"]] == [sorted(r) for r in rows["plain"]]
+    for got, want in zip(rows["chunked"], rows["plain"]):
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (want.get("step"), key)
+    saved = {name: torch.load(tmp_path / name / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+             for name in ("plain", "chunked")}
+    assert saved["chunked"]["global_step"] == saved["plain"]["global_step"] == chunks.STEPS
+    for key, value in saved["plain"]["state_dict"].items():
+        torch.testing.assert_close(saved["chunked"]["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)

@@ -50,8 +50,13 @@ def checkpoints(run_dir) -> dict[str, tuple[int, dict[str, bytes]]]:
     return out
 
 
-@pytest.mark.parametrize("extra", [[], NONFINITE], ids=["probes", "nonfinite-skipped"])
-def test_chunked_steps_train_log_and_save_exactly_as_one_step_at_a_time(tmp_path, monkeypatch, extra):
+@pytest.mark.parametrize("extra, deferred", [([], False), (NONFINITE, False), (NONFINITE, True)],
+                         ids=["probes", "nonfinite-skipped", "nonfinite-skipped-on-the-device"])
+def test_chunked_steps_train_log_and_save_exactly_as_one_step_at_a_time(tmp_path, monkeypatch, extra, deferred):
+    """Also with the accelerator's check run on the CPU (`deferred`: fused AdamW skips each
+    non-finite update on the device, the count read at logging steps)."""
+    if deferred:
+        monkeypatch.setattr(TrainModule, "defer_checks", property(lambda self: True))
     plain = fit(tmp_path / "plain", False, monkeypatch, *extra)
     chunked = fit(tmp_path / "chunked", True, monkeypatch, *extra)
     assert plain == [1] * STEPS and sum(chunked) == STEPS
