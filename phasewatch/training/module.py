@@ -307,7 +307,7 @@ class TrainModule(pl.LightningModule):
     def _vectorised_step(self, batch: Batch) -> torch.Tensor | None:
         """The training step of `vectorised`: PopulationModule.training_step's arithmetic."""
         logging = not (self.global_step + 1) % self.trainer.log_every_n_steps
-        out = self._as_population_of_one(batch, counts=logging)  # as the population
+        out = self._as_population_of_one(padded(batch, self.task.n_ctx), counts=logging)  # as the population
         aux = {name: term for fn in self.aux_terms for name, term in fn(self).items()}
         loss = out["loss"].sum() + sum(aux.values())  # the population back-propagates the sum over members
         if not logging:

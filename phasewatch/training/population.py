@@ -34,7 +34,7 @@ from phasewatch.models import native_module
 from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch
 from phasewatch.errors import ConfigError
-from phasewatch.training.module import TaskDataModule, TrainModule, adamw_with_warmup, vectorised_outputs
+from phasewatch.training.module import TaskDataModule, TrainModule, adamw_with_warmup, padded, vectorised_outputs
 
 
 def parse_seeds(spec: object) -> list[int]:
@@ -242,9 +242,24 @@ class PopulationModule(pl.LightningModule):
         """`vectorised_outputs`: `one_batch` for every member, or the members' stacked."""
         return vectorised_outputs(self._template, params, batch, one_batch, counts, self.loss_dtype)
 
+    def _padded(self, batch: Batch | list[Batch]) -> Batch:
+        """The members' training batches each `padded` to the task's longest input, as a member
+        re-run alone pads its own (TrainModule's `vectorised`): a RASP task's lengths, drawn per
+        member, are then one vectorised pass, and member k's arithmetic still does not depend on
+        the other members' lengths. Validation is not padded (one pass per shape)."""
+        length = self.task.n_ctx
+        if not isinstance(batch, list):
+            return padded(batch, length)
+        batches = [padded(b, length) for b in batch]
+        if any("attend" in b.extras for b in batches):  # a member at the longest length attends everywhere (exact)
+            batches = [b if "attend" in b.extras else Batch(b.tokens, b.targets, b.loss_mask,
+                                                            {"attend": torch.ones_like(b.loss_mask)})
+                       for b in batches]
+        return stack_batches(batches)
+
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         logging = not (self.global_step + 1) % self.trainer.log_every_n_steps  # Lightning's rule, as TrainModule
-        out = self._member_outputs(batch, counts=logging)
+        out = self._member_outputs(self._padded(batch), counts=logging)
         losses = out["loss"]
         on_cpu = self.trainer.strategy.root_device.type == "cpu"
         if not on_cpu:  # the fused AdamW skips a step whose loss is not finite, on the device (as TrainModule)
@@ -562,9 +577,10 @@ def member_batches(batches) -> Batch | list[Batch]:
 
 
 def stack_batches(batches) -> Batch:
-    """One batch whose tensors have a leading member dimension (extras are left out: the
-    training and validation steps do not read them)."""
-    return Batch(*(torch.stack([getattr(b, f) for b in batches]) for f in ("tokens", "targets", "loss_mask")))
+    """One batch whose tensors have a leading member dimension (of the extras only `padded`'s
+    `attend`: the training and validation steps read no other)."""
+    extras = {"attend": torch.stack([b.extras["attend"] for b in batches])} if "attend" in batches[0].extras else {}
+    return Batch(*(torch.stack([getattr(b, f) for b in batches]) for f in ("tokens", "targets", "loss_mask")), extras)
 
 
 class PopulationData(pl.LightningDataModule):

@@ -133,6 +133,65 @@ def test_a_member_alone_with_vectorised_repeats_its_population_step_bit_for_bit(
             assert torch.equal(population.stacked[name.replace(".", "__")].grad[1], param.grad), name
 
 
+def _lengths_differ(tasks) -> int:
+    """A step at which the tasks' training batches have three lengths, one of them the longest
+    (`task.n_ctx`, not padded), the second task's shorter (padded)."""
+    for step in range(100):
+        lengths = [t.train_batch(step, None).tokens.shape[-1] for t in tasks]
+        if len(set(lengths)) == 3 and tasks[0].n_ctx in lengths and lengths[1] < tasks[0].n_ctx:
+            return step
+    raise AssertionError("no such step")
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_bit_for_bit(shared, monkeypatch):
+    """A RASP task draws each step's length per member. The population pads every member's
+    batch to the task's longest input (the padding masked out of attention and loss) and runs
+    one vectorised pass; member k's loss and gradient equal its own model's on its unpadded
+    batch (to float rounding), and a member alone with `vectorised` pads its batch alike and
+    repeats them bit for bit."""
+    import phasewatch.training.population as population_module
+    from types import SimpleNamespace
+
+    from phasewatch.tasks.rasp import RaspTask
+
+    tasks = [RaspTask(program="reverse", vocab=[1, 2, 3], max_seq_len=5, batch_size=4, seed=s) for s in range(3)]
+    step = _lengths_differ(tasks)
+    members = _members(tasks[0], 3)
+    with torch.no_grad():
+        for k, member in enumerate(members):
+            for param in member.parameters():
+                param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(k)) * 0.1)
+    plain = [copy.deepcopy(native_module(m.model)) for m in members]
+    alone = copy.deepcopy(members[1])
+    alone.hparams["vectorised"] = "shared" if shared else "own"
+    population = PopulationModule(members, vary_data=not shared)
+    batches = [t.train_batch(step, None) for t in (tasks[1:2] * 3 if shared else tasks)]
+    passes = []
+    counted = population_module.vectorised_outputs
+    monkeypatch.setattr(population_module, "vectorised_outputs", lambda *a: passes.append(a) or counted(*a))
+    out = population._member_outputs(population._padded(batches[0] if shared else batches))
+    assert len(passes) == 1 and passes[0][2].tokens.shape[-1] == tasks[0].n_ctx
+    out["loss"].sum().backward()
+    for k, (module, batch) in enumerate(zip(plain, batches)):
+        loss = masked_loss(module(batch.tokens), batch, torch.float32)
+        loss.backward()
+        torch.testing.assert_close(out["loss"][k], loss.detach(), rtol=1e-6, atol=1e-6)
+        for name, param in module.named_parameters():
+            if param.requires_grad:
+                torch.testing.assert_close(population.stacked[name.replace(".", "__")].grad[k], param.grad,
+                                           rtol=1e-5, atol=1e-6)
+    # the run alone's training step (not a logging step), on its own unpadded batch
+    alone._trainer = SimpleNamespace(log_every_n_steps=10, global_step=0,
+                                     strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    loss = alone._vectorised_step(batches[1])
+    loss.backward()
+    assert torch.equal(out["loss"][1], loss.detach())
+    for name, param in native_module(alone.model).named_parameters():
+        if param.grad is not None:
+            assert torch.equal(population.stacked[name.replace(".", "__")].grad[1], param.grad), name
+
+
 def test_members_of_other_architectures_are_refused():
     task = Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8)
     torch.manual_seed(0)
