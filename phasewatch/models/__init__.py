@@ -3,6 +3,7 @@ module inside a bridge, its state-dict keys, and the importers of other code's m
 
 - `factory`: `ModelConfig`, `build_model`, `fresh_like`, `native_module`, `parameters_kept`,
   `call_with` (`torch.func.functional_call` without walking the module each call).
+- `plain`: `plain_twin`, a bridge's native model built again without the bridge (the vectorised step).
 - `components`: named components (`L1H2`, `L0.attn`, ...), their parameters and hooks.
 - `paper_checkpoint`: checkpoints of the progress-measures paper's code (Nanda et al. 2023).
 - `tracr_convert`: tracr's compiled transformers, converted by TransformerLens, and

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from phasewatch.callbacks.interventions import Interventions
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.models import ModelConfig, build_model, call_with, native_module, parameters_kept
+from phasewatch.models.plain import plain_twin
 from phasewatch.errors import ConfigError, require, require_int  # noqa: F401
 from phasewatch.tasks.base import Batch, Task, masked_loss, masked_loss_and_acc
 
@@ -296,8 +297,8 @@ class TrainModule(pl.LightningModule):
     def _as_population_of_one(self, batch: Batch, counts: bool) -> dict[str, torch.Tensor]:
         """`vectorised_outputs` of this model as a stack of one member (its parameters, and
         with "own" data its batch, given a leading member dimension of 1)."""
-        module = native_module(self.model)
-        params = {name: p.unsqueeze(0) for name, p in module.named_parameters()}
+        module, names = plain_twin(self.model)  # as the population's step (models.plain)
+        params = {names[name]: p.unsqueeze(0) for name, p in native_module(self.model).named_parameters()}
         shared = self.hparams.vectorised == "shared"
         if not shared:
             batch = Batch(batch.tokens.unsqueeze(0), batch.targets.unsqueeze(0), batch.loss_mask.unsqueeze(0),

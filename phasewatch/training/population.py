@@ -31,10 +31,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from phasewatch.callbacks.probes import ProbeRunner, StackedProbes
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.models import native_module
+from phasewatch.models.plain import plain_twin
 from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch
 from phasewatch.errors import ConfigError
-from phasewatch.training.module import TaskDataModule, TrainModule, adamw_with_warmup, padded, vectorised_outputs
+from phasewatch.training.module import (TaskDataModule, TrainModule, adamw_with_warmup, emit, padded,
+                                        vectorised_outputs)
 
 
 def parse_seeds(spec: object) -> list[int]:
@@ -176,8 +178,10 @@ class PopulationModule(pl.LightningModule):
         self.members, self.vary_data = members, vary_data
         self.task, self.loss_dtype = first.task, first.loss_dtype
         self.hparams_of_members = dict(first.hparams)
-        # the forward pass of every member runs through a copy of member 0's module
+        # the stacked probes read member 0's module (a copy: hooks), the step runs through its
+        # plain twin (no bridge: fewer host calls a pass), as a member re-run alone does
         self._template = copy.deepcopy(native_module(first.model))
+        self._plain, self._plain_names = plain_twin(first.model)
         names = [name for name, _ in self._template.named_parameters()]
         per_member = [dict(native_module(m.model).named_parameters()) for m in members]
         self.stacked = torch.nn.ParameterDict({
@@ -239,8 +243,10 @@ class PopulationModule(pl.LightningModule):
 
     def _vectorised(self, params: dict[str, torch.Tensor], batch: Batch, one_batch: bool,
                     counts: bool) -> dict[str, torch.Tensor]:
-        """`vectorised_outputs`: `one_batch` for every member, or the members' stacked."""
-        return vectorised_outputs(self._template, params, batch, one_batch, counts, self.loss_dtype)
+        """`vectorised_outputs` through the plain twin: `one_batch` for every member, or the
+        members' stacked."""
+        params = {self._plain_names[name]: p for name, p in params.items()}
+        return vectorised_outputs(self._plain, params, batch, one_batch, counts, self.loss_dtype)
 
     def _padded(self, batch: Batch | list[Batch]) -> Batch:
         """The members' training batches each `padded` to the task's longest input, as a member
@@ -354,14 +360,6 @@ class PopulationModule(pl.LightningModule):
             ckpt["loops"] = {"fit_loop": trainer.fit_loop.state_dict(), "validate_loop": trainer.validate_loop.state_dict(),
                              "test_loop": trainer.test_loop.state_dict(), "predict_loop": trainer.predict_loop.state_dict()}
         return ckpt
-
-
-def emit(loggers: list, metrics: dict[str, float], step: int) -> None:
-    """Hand values to loggers as Lightning's logger connector does: `step` (the step that
-    TrainModule logs as "step") is the x-axis, not a value."""
-    for logger in loggers:
-        logger.log_metrics(metrics, step)
-        logger.save()
 
 
 class MemberTrainer:

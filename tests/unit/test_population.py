@@ -65,12 +65,12 @@ def test_one_adamw_over_stacked_parameters_is_independent_adamws():
     assert not torch.equal(stacked.data[0], stacked.data[1])
 
 
-def _members(task, n):
+def _members(task, n, **arch):
     out = []
+    arch = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_head": 8, "attn_only": True, **arch}
     for seed in range(n):
         torch.manual_seed(seed)
-        out.append(TrainModule(task, ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=True),
-                               lr=1e-2, weight_decay=0.1, warmup_steps=0))
+        out.append(TrainModule(task, ModelConfig(**arch), lr=1e-2, weight_decay=0.1, warmup_steps=0))
     return out
 
 
@@ -148,8 +148,8 @@ def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_b
     """A RASP task draws each step's length per member. The population pads every member's
     batch to the task's longest input (the padding masked out of attention and loss) and runs
     one vectorised pass; member k's loss and gradient equal its own model's on its unpadded
-    batch (to float rounding), and a member alone with `vectorised` pads its batch alike and
-    repeats them bit for bit."""
+    batch (to float rounding), and a member alone with `vectorised` pads its batch alike, runs
+    through the same plain twin of its model (`models.plain`), and repeats them bit for bit."""
     import phasewatch.training.population as population_module
     from types import SimpleNamespace
 
@@ -157,7 +157,7 @@ def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_b
 
     tasks = [RaspTask(program="reverse", vocab=[1, 2, 3], max_seq_len=5, batch_size=4, seed=s) for s in range(3)]
     step = _lengths_differ(tasks)
-    members = _members(tasks[0], 3)
+    members = _members(tasks[0], 3, attn_only=False, d_mlp=32, normalization="LN")  # (reverse's: a bridge rounds otherwise)
     with torch.no_grad():
         for k, member in enumerate(members):
             for param in member.parameters():
