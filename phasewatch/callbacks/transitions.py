@@ -211,6 +211,7 @@ class TransitionWatcher(pl.Callback):
         self._validations = 0
         self._looked: dict[str, int] = {}  # series -> its number of points when last looked at
         self._examined: list[str] = []  # the series the last `update` examined (detector or departure test)
+        self._keys: dict[str, str | None | bool] = {}  # series -> False (not watched) or its declared scale (`_declared`)
         self._rest: int | None = None  # the points logged when the last look left its stages as they were
         self._departed: dict[str, int] = {}  # ... when the departure test last looked at it
         self._fits_under_way: dict[str, list[dict]] = {}  # series -> the detector's changes not yet confirmed (last look)
@@ -279,6 +280,7 @@ class TransitionWatcher(pl.Callback):
         (adaptive resolution) and the bars for the `looks` it plans in all against the
         `validations` looks it would make without the grid (`bar_for`; None: the bars as given)."""
         self._look_grid = set(self.look_steps(max_steps, [])) - {max_steps} if max_steps > 0 else set()
+        self._keys = {}  # the keys' declarations as they are for this run (`_declared`)
         self._planned, self._reference = (looks, validations) if looks and validations else (1, 1)
         self._dense_steps = set(Schedule(kind="log", count=self.dense_count).resolve(max_steps)) if self.dense else set()
 
@@ -385,11 +387,11 @@ class TransitionWatcher(pl.Callback):
             due = final or (len(steps) > seen and (seen < 100 or len(steps) >= (1 + self.regrow) * seen
                                                    or self._under_way(key, step)))
             departs = self.departures and not final and len(steps) > self._departed.get(key, 0)
-            if not (due or departs) or not (key in self.metrics if self.metrics is not None else not is_detail(key)):
+            if not (due or departs) or (declared := self._declared(key)) is False:
                 continue  # nothing to do in this series (most of a look's series, most looks), or not watched
             self._examined.append(key)
             left = None
-            scale = watch_scale(values, declared_scale(key))  # the same choice as `phasewatch phases`
+            scale = watch_scale(values, declared)  # the same choice as `phasewatch phases`
             if departs:
                 self._departed[key] = len(steps)  # the departure test is cheap: every look with new points
                 left = departure(steps, values, key, log_values=scale == LOG, bar=self.bar(self.departure_z))
@@ -405,6 +407,16 @@ class TransitionWatcher(pl.Callback):
             event["detected_at"] = int(step)
             self.reported.append(event)
         return new
+
+    def _declared(self, key: str) -> str | None | bool:
+        """False for a series not watched (not in `metrics`; by default a detail key), else its
+        declared scale (`declared_scale`); each key's answer kept (the keys' declarations do
+        not change during a fit, `plan` forgets them; a look asks it of every series with new
+        points)."""
+        if key not in self._keys:
+            watched = key in self.metrics if self.metrics is not None else not is_detail(key)
+            self._keys[key] = declared_scale(key) if watched else False
+        return self._keys[key]
 
     def _under_way(self, key: str, step: int) -> bool:
         """A change in the series waits to be found again, or has had an onset pending for no

@@ -816,3 +816,47 @@ def test_the_watcher_says_a_stage_as_it_begins_and_once_it_is_confirmed():
     assert begins and begins[0] < stage.end, news
     assert confirmed and stage.end < confirmed[0] <= 1.5 * stage.end, news
     assert not [n for n in news if n[1] == "withdrawn"]
+
+
+def test_the_detector_s_median_is_numpy_s_for_odd_and_even_counts_rows_and_nan():
+    """`_median` (the detector's cheap median) gives np.median's numbers: the middle value, the
+    mean of the two middle ones, per row of a 2-D array, NaN where a value is NaN; and the same
+    bits as np.median on random arrays of every length a look meets."""
+    from phasewatch.phases.detector import _median
+
+    assert _median(np.array([3.0, 1.0, 2.0])) == 2.0
+    assert _median(np.array([4.0, 1.0, 3.0, 2.0])) == 2.5
+    assert list(_median(np.array([[5.0, 1.0, 3.0, 9.0], [2.0, 2.0, 8.0, 0.0]]))) == [4.0, 2.0]
+    assert np.isnan(_median(np.array([1.0, np.nan, 2.0])))
+    rows = _median(np.array([[1.0, np.nan, 2.0], [1.0, 7.0, 2.0]]))
+    assert np.isnan(rows[0]) and rows[1] == 2.0
+    rng = np.random.default_rng(0)
+    for n in range(1, 42):
+        x = rng.normal(0, 10.0 ** rng.uniform(-6, 6), n) + rng.uniform(-100, 100)
+        assert _median(x) == np.median(x), n
+        if n >= 5:
+            windows = np.lib.stride_tricks.sliding_window_view(x, min(n, 5 + n % 4))
+            assert np.array_equal(_median(windows), np.median(windows, axis=1)), n
+
+
+def test_the_watcher_examines_only_the_watched_series_and_reads_each_key_s_declaration_once_a_run(monkeypatch):
+    """By default a detail key (`lr`) is not watched, and `metrics` names the watched series
+    otherwise; a look reads each key's declaration (`is_detail`, `declared_scale`) the first
+    time it has new points, the later looks reuse it, and `plan` (a new run) reads it again."""
+    import phasewatch.callbacks.transitions as live
+
+    asked = []
+    monkeypatch.setattr(live, "is_detail", lambda key, real=live.is_detail: asked.append(key) or real(key))
+    steps = np.arange(1, 31)
+    values = 1 + np.random.default_rng(0).normal(0, 0.01, len(steps))
+
+    def look(watcher, n):
+        watcher.update({"val/loss": (steps[:n], values[:n]), "lr": (steps[:n], values[:n])}, int(steps[n - 1]))
+        return watcher._examined
+
+    watcher = live.TransitionWatcher()
+    assert look(watcher, 10) == ["val/loss"] and look(watcher, 11) == ["val/loss"]
+    assert sorted(asked) == ["lr", "val/loss"]
+    watcher.plan(100)
+    assert look(watcher, 12) == ["val/loss"] and sorted(asked) == ["lr", "lr", "val/loss", "val/loss"]
+    assert look(live.TransitionWatcher(metrics=["lr"]), 10) == ["lr"]
