@@ -71,7 +71,7 @@ class TrainingProgressBar(TQDMProgressBar):
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
     def get_metrics(self, trainer, pl_module) -> dict:
-        metrics = super().get_metrics(trainer, pl_module)
+        metrics = {**getattr(pl_module, "shown", {}), **super().get_metrics(trainer, pl_module)}  # TrainModule.shown
         metrics.pop("v_num", None)  # the logger's version (W&B's run id): the run folder says which run
         return metrics
 
