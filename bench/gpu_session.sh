@@ -46,7 +46,8 @@ else
 fi
 # what runs (PARTS), and settings a second sitting may change: GROK_PARTS and GROK_STATE (a
 # state file of earlier grokking parts, carried along), GROK_STEPS, POP_CONFIGS, MEMBERS and
-# POP_STEPS (not in quick mode), POP_SOLO (runs alone timed), POP_BASELINE (a folder holding the
+# POP_STEPS (not in quick mode), POP_SOLO (runs alone timed), POP_PROBES (none, default or both:
+# population.py's --probes), POP_BASELINE (a folder holding the
 # phasewatch package before a change: population.py's --baseline_tree, timed beside this tree's
 # in the same part), each part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S), and
 # TEST_GPU_K (pytest's -k for the GPU tests).
@@ -68,7 +69,7 @@ for p in $PARTS; do
         --state "$OUT/grok_state.json" --parts "${GROK_PARTS:-loop,fit,bare}" ;;
     population) part population "${POP_S:-150}" python3 bench/population.py --part train --markdown --device "$DEVICE" \
         --config $POP_CONFIGS --members $MEMBERS --steps "$STEPS" ${POP_BASELINE:+--baseline_tree "$POP_BASELINE"} \
-        ${POP_SOLO:+--solo "$POP_SOLO"} ;;
+        ${POP_SOLO:+--solo "$POP_SOLO"} ${POP_PROBES:+--probes $POP_PROBES} ;;
     llc) part llc "${LLC_S:-60}" python3 bench/population.py --part llc --markdown --device "$DEVICE" --config configs/induction_2l.yaml \
         configs/reverse.yaml --chains $CHAINS --draws "$DRAWS" --burn_in 50 ;;
     esac
