@@ -620,8 +620,8 @@ def test_a_stage_overlapping_a_named_one_and_matching_its_signature_by_itself_is
     their spans overlapping, that matches the named stage's signature by itself is more of that
     phase and joins it (the quickstart's test-loss collapse, 1,518-3,092, and its cleanup,
     446-2,654). Not joined: a stage of the same moves after the named one has ended (a second
-    time is no phase continuing), one overlapping it that does not match, a change still in
-    progress (live: it waits until it is a transition)."""
+    time is no phase continuing), one overlapping it that does not match, and, live, a stage with a
+    change still in progress, on either side (it waits until it is a transition)."""
     rules = StageRules(signatures=(Signature("P", moves=("a/x down | a/w down",)),))
     named = [event("a/x", 100, decades=1.0), event("b/y", 100, "up", decades=1.0)]  # 32-316
     later = [event("a/w", 400), event("c/z", 400, "up")]  # 283-565: overlaps, matches P
@@ -638,6 +638,8 @@ def test_a_stage_overlapping_a_named_one_and_matching_its_signature_by_itself_is
     assert [s.name for s in detect_stages(named + other, {}, rules)] == ["P", None]
     under_way = [{**e, "kind": "in_progress"} for e in later]
     assert [s.name for s in detect_stages(named + under_way, {}, rules)] == ["P", None]
+    named_under_way = [{**e, "kind": "in_progress"} for e in named]  # nor is a stage in progress joined
+    assert [s.name for s in detect_stages(named_under_way + later, {}, rules)] == ["P", None]
     # live: a stage said (kept) takes the later stage in, its id, name and lead as said
     said = detect_stages(named, {}, rules)
     grown = detect_stages(named + later, {}, rules, previous=said, keep=said)
