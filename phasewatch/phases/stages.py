@@ -480,14 +480,15 @@ def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: 
     stage's signature by itself (`_evidence`, the named stage's transitions counting as its own
     phase's `during` moves) is more of that phase: its members join the named stage (span,
     midpoint, lead and type redone; a stage in `kept`, said live, keeps its lead and type, and
-    never joins another), until no such pair is left. Live, stages with a change in progress
-    neither join nor are joined until it is a transition. The stages left, in order."""
+    never joins another), until no such pair is left. Live, stages with a change in progress or
+    not yet confirmed (`under_way`) neither join nor are joined. The stages left, in order."""
     signatures = {s.name: s for s in rules.signatures}
     stages = sorted(stages, key=lambda s: (s.midpoint, s.onset))
+    moving = {id(s) for s in stages if s.in_progress or any(m.get("under_way") for m in s.members)}
 
     def continues(named: Stage, other: Stage) -> bool:
         signature = signatures.get(named.name)
-        if (signature is None or other.name is not None or other.in_progress or named.in_progress
+        if (signature is None or other.name is not None or id(other) in moving or id(named) in moving
                 or any(other is k for k in kept) or other.onset > named.end or named.onset > other.end):
             return False
         moved, spanned = _evidence(signature, other.members, [s.members for s in stages if s is not other

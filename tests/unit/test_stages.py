@@ -640,6 +640,8 @@ def test_a_stage_overlapping_a_named_one_and_matching_its_signature_by_itself_is
     assert [s.name for s in detect_stages(named + under_way, {}, rules)] == ["P", None]
     named_under_way = [{**e, "kind": "in_progress"} for e in named]  # nor is a stage in progress joined
     assert [s.name for s in detect_stages(named_under_way + later, {}, rules)] == ["P", None]
+    unconfirmed = [{**e, "under_way": True} for e in later]  # live: a fit's transition not yet confirmed
+    assert [s.name for s in detect_stages(named + unconfirmed, {}, rules)] == ["P", None]
     # live: a stage said (kept) takes the later stage in, its id, name and lead as said
     said = detect_stages(named, {}, rules)
     grown = detect_stages(named + later, {}, rules, previous=said, keep=said)
