@@ -20,7 +20,7 @@ planted / planted; a lone change inside a found stage is counted; a boundary (on
 recovered within 0.1 decades (26%). Real runs: the stages of each run folder (or metrics or CSV
 file, as `phasewatch phases` reads it), named or not,
 in order, and for grokking runs the steps the progress measures' definitions give
-(docs/reference.md). Prints markdown (with --write: into bench/README.md between its stages
+(docs/reference.md), each with the stages whose span holds it. Prints markdown (with --write: into bench/README.md between its stages
 markers).
 """
 
@@ -181,6 +181,12 @@ def _first(series, key, test) -> int | None:
     return int(min(hit)) if hit else None
 
 
+def _holding(stages, step: int | None) -> str:
+    """The stages whose span (onset to end) holds a step, by name ("unnamed" if none)."""
+    held = [s.name or "unnamed" for s in stages if step is not None and s.onset <= step <= s.end]
+    return ", ".join(held) or "in no stage"
+
+
 def real_table(runs: list[str], keys: list[str] | None = None) -> str:
     import phasewatch.probes  # noqa: F401
     from phasewatch.probes.keys import stage_rules
@@ -200,7 +206,7 @@ def real_table(runs: list[str], keys: list[str] | None = None) -> str:
             marks = {"train acc >= 0.99": _first(all_series, "train/acc", lambda v: v >= 0.99),
                      "test loss < 1": _first(all_series, "val/loss", lambda v: v < 1),
                      "test acc >= 0.95": _first(all_series, "val/acc", lambda v: v >= 0.95)}
-            reference = "; ".join(f"{k} at {v}" for k, v in marks.items())
+            reference = "; ".join(f"{k} at {v} ({_holding(stages, v)})" for k, v in marks.items())
         rows.append(f"| {Path(run).name} | {len(stages)} | {events} | {sequence} | {reference} | {took:.1f} |")
     head = ("| run | stages | transitions in them | stages in order (steps, lead) | progress-measure steps "
             "(docs/reference.md) | s (with detection) |\n| --- | --- | --- | --- | --- | --- |")
