@@ -18,10 +18,9 @@ spans that overlap joined (single linkage). A found stage matches a planted one 
 series overlap by half or more (Jaccard); precision = matched found / found, recall = matched
 planted / planted; a lone change inside a found stage is counted; a boundary (onset, end) is
 recovered within 0.1 decades (26%). Real runs: the stages of each run folder (or metrics or CSV
-file, as `phasewatch phases` reads it), named or not,
-in order, and for grokking runs the steps the progress measures' definitions give
-(docs/reference.md), each with the stages whose span holds it. Prints markdown (with --write: into bench/README.md between its stages
-markers).
+file, as `phasewatch phases` reads it), named or not, in order, and for grokking runs the steps
+the progress measures' definitions give (docs/reference.md), each with the stages whose span
+holds it. Prints markdown (with --write: into bench/README.md between its stages markers).
 """
 
 from __future__ import annotations
