@@ -19,7 +19,9 @@ with the default probes at >= 0.9x the hand-written loop's steps per second.
 Where one command may run only so long (the device tool: 10 minutes), run the parts in
 separate commands on the same machine, e.g. `--parts loop,bare` then `--parts fit`: each
 part's result is kept in `--state` (ignored by git) under the config, steps and device,
-and the report is written once all three are there.
+and the report is written once all three are there. `--profile FILE`: each `phasewatch fit` part
+under cProfile, its 40 costliest functions (cumulative time) written to FILE with the part's
+name added (FILE_bare.txt, ...: where a step's host time goes on the device).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def loop_run(config: str, steps: int, device: str) -> dict:
     return {"seconds": seconds, "steps_per_s": steps / seconds, "grok_step": grok_step, "grok_seconds": grok_seconds}
 
 
-def fit_run(config: str, steps: int, device: str, probes: bool, chunks: bool = True) -> dict:
+def fit_run(config: str, steps: int, device: str, probes: bool, chunks: bool = True, profile: str | None = None) -> dict:
     """`phasewatch fit` on the device; returns its timings and detected transitions."""
     import lightning.pytorch as pl
     from baseline_setup import fit_with_callback
@@ -89,10 +91,18 @@ def fit_run(config: str, steps: int, device: str, probes: bool, chunks: bool = T
 
     clock: dict = {}
 
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+
     class Clock(pl.Callback):
         def on_train_start(self, trainer, *args):
             _sync(device)
             clock["start"] = time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
 
         def on_validation_end(self, trainer, *args):
             acc = trainer.callback_metrics.get("val/acc")
@@ -102,6 +112,14 @@ def fit_run(config: str, steps: int, device: str, probes: bool, chunks: bool = T
         def on_train_end(self, trainer, *args):
             _sync(device)
             clock["seconds"] = time.perf_counter() - clock["start"]
+            if profiler is not None:
+                import io
+                import pstats
+
+                profiler.disable()
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+                Path(profile).write_text(text.getvalue())
 
     accelerator = "gpu" if device.startswith("cuda") else "cpu"
     extra = [] if probes else ["--probes.names", "[]"]
@@ -160,6 +178,7 @@ def main() -> int:
     ap.add_argument("--parts", default="loop,fit,bare",
                     help="which runs now (loop, fit, bare, plain), comma-separated; the others come from --state")
     ap.add_argument("--state", default="bench/gpu_grokking_state.json", help="results of earlier parts")
+    ap.add_argument("--profile", default=None, help="each fit part's cProfile (40 costliest functions), FILE_<part>.txt")
     a = ap.parse_args()
     import yaml
 
@@ -175,7 +194,8 @@ def main() -> int:
         if part == "loop":
             done[part] = loop_run(a.config, steps, a.device)
         else:
-            done[part] = fit_run(a.config, steps, a.device, probes=part != "bare", chunks=part != "plain")
+            done[part] = fit_run(a.config, steps, a.device, probes=part != "bare", chunks=part != "plain",
+                                 profile=a.profile and str(Path(a.profile).with_name(f"{Path(a.profile).stem}_{part}.txt")))
         print(f"{part}: {({k: v for k, v in done[part].items() if k != 'events'})}", file=sys.stderr)
         state_file.write_text(json.dumps(state, indent=1))
     missing = [p for p in ("loop", "fit", "bare") if p not in done]

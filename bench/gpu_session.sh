@@ -45,12 +45,13 @@ else
     STEPS=${POP_STEPS:-300}; MEMBERS=${MEMBERS:-"1 16 64"}; GROK=${GROK_STEPS:-12000}; CHAINS="2 8"; DRAWS=100
 fi
 # what runs (PARTS), and settings a second sitting may change: GROK_PARTS and GROK_STATE (a
-# state file of earlier grokking parts, carried along), GROK_STEPS, POP_CONFIGS, MEMBERS and
-# POP_STEPS (not in quick mode), POP_SOLO (runs alone timed), POP_PROBES (none, default or both:
-# population.py's --probes), POP_BASELINE (a folder holding the
-# phasewatch package before a change: population.py's --baseline_tree, timed beside this tree's
-# in the same part), each part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S), and
-# TEST_GPU_K (pytest's -k for the GPU tests).
+# state file of earlier grokking parts, carried along), GROK_STEPS, GROK_PROFILE (set: each
+# grokking fit part's cProfile to $OUT/profile_<part>.txt), POP_CONFIGS, MEMBERS and POP_STEPS
+# (not in quick mode), POP_SOLO (runs alone timed), POP_PROBES (none, default or both:
+# population.py's --probes), POP_BASELINE (a folder holding the phasewatch package before a
+# change: population.py's --baseline_tree, timed beside this tree's in the same part), each
+# part's limit in seconds (TEST_GPU_S, GROK_S, POP_S, LLC_S), and TEST_GPU_K (pytest's -k for
+# the GPU tests).
 # The parts' limits add up to 560 s: with the install, one lent machine's 10-minute command
 # holds all four only just; give a second sitting the parts the first did not finish.
 PARTS=${PARTS:-"test_gpu grokking population llc"}
@@ -66,7 +67,7 @@ for p in $PARTS; do
     test_gpu) part test_gpu "${TEST_GPU_S:-150}" python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py \
         ${TEST_GPU_K:+-k "$TEST_GPU_K"} ;;
     grokking) part grokking "${GROK_S:-200}" python3 bench/gpu_grokking.py --device "$DEVICE" --steps "$GROK" --out "$OUT/RESULTS.md" \
-        --state "$OUT/grok_state.json" --parts "${GROK_PARTS:-loop,fit,bare}" ;;
+        --state "$OUT/grok_state.json" --parts "${GROK_PARTS:-loop,fit,bare}" ${GROK_PROFILE:+--profile "$OUT/profile.txt"} ;;
     population) part population "${POP_S:-150}" python3 bench/population.py --part train --markdown --device "$DEVICE" \
         --config $POP_CONFIGS --members $MEMBERS --steps "$STEPS" ${POP_BASELINE:+--baseline_tree "$POP_BASELINE"} \
         ${POP_SOLO:+--solo "$POP_SOLO"} ${POP_PROBES:+--probes $POP_PROBES} ;;
