@@ -31,7 +31,7 @@ from phasewatch.probes.keys import declared_scale, headline_keys, is_detail, sta
 from phasewatch.phases.detector import DECADE_CHANGE, DEPARTURE_Z, TOGETHER, departure, detect_transitions, together
 from phasewatch.phases.events import Event
 from phasewatch.phases.scale import LOG, watch_scale
-from phasewatch.phases.stages import Stage, detect_stages, write_stages
+from phasewatch.phases.stages import Stage, detect_stages, one_activity, write_stages
 from phasewatch.errors import require, require_int
 from phasewatch.rundir import is_number
 
@@ -334,8 +334,10 @@ class TransitionWatcher(pl.Callback):
     def stage_news(self, series: dict, step: int, final: bool = False) -> list[tuple[str, Stage]]:
         """The run's stages so far (phases/stages.py: of the confirmed transitions and the changes
         the detector sees under way that pass the bar an onset needs, `SURE_ENOUGH`), kept in `stages` with ids that carry between looks, and what
-        is new to say of them: ("begins", stage) when a stage is first seen, ("confirmed", stage)
-        once every member is a confirmed transition, each only once the stage is `evident`;
+        is new to say of them: ("begins", stage) when a stage is first seen, unless it is one
+        activity with a stage already said (`one_activity`: no news; it is said once confirmed),
+        ("confirmed", stage) once every member is a confirmed transition, each only once the
+        stage is `evident`;
         ("withdrawn", stage) at the end for a stage said to begin that was not confirmed and
         that no confirmed stage took up (one sharing a moved series with it over its span, as it
         was said or as last seen, takes it up: nothing is said). A stage said confirmed keeps its members, name and id, and more
@@ -353,10 +355,11 @@ class TransitionWatcher(pl.Callback):
         previous = self.stages + [s for k, s in self._begun.items() if k not in here and self._said.get(k) == "begins"]
         self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=kept)
         news = []
+        told = [s for s in self.stages + list(self._said_as.values()) if self._said.get(s.id) in ("begins", "confirmed")]
         for stage in (s for s in self.stages if evident(s, series)):
             done = not any(m.get("under_way") for m in stage.members)
             said = self._said.get(stage.id)
-            if said is None and not done:
+            if said is None and not done and not any(s.id != stage.id and one_activity(s, stage, series) for s in told):
                 news.append(("begins", stage))
                 self._said[stage.id], self._said_as[stage.id] = "begins", stage
             elif said != "confirmed" and done:

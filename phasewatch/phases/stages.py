@@ -655,11 +655,12 @@ def _absorbed(rest: list[dict], keep: list[Stage], series: dict, level: float) -
     members, span and midpoint grow; its id and name stay); the others, returned. An event joins
     a kept stage when it is a piece of one of the stage's changes (`_one_change`, with a member or
     with an event joined before it), or, a transition, when it is of one of the stage's series
-    and at one time with its members (`_one_time`); a change under way that is a piece of one
-    is left out (no stage of its own) but not joined until it is a transition."""
+    and at one time with its members (`_one_time`); a change under way (a fit in progress, or
+    one not yet confirmed: marked `under_way`) that is a piece of one is left out (no stage of
+    its own) but not joined until it is a confirmed transition."""
     taken = set()
     for e in sorted(rest, key=_times) if keep else ():
-        settled = e.get("kind", "transition") == "transition"
+        settled = e.get("kind", "transition") == "transition" and not e.get("under_way")
         home = [k for k in keep if any(_one_change(m, e, series) for m in k.members)]
         if not home and settled:
             home = [k for k in keep if any(m["metric"] == e["metric"] for m in k.members)
@@ -672,6 +673,13 @@ def _absorbed(rest: list[dict], keep: list[Stage], series: dict, level: float) -
             stage.onset, stage.end, stage.under_way_at_end = _span(stage.members, series)
             stage.midpoint = _midpoint(stage.members, series)
     return [e for e in rest if id(e) not in taken]
+
+
+def one_activity(a: Stage, b: Stage, series: dict, level: float = LEVEL) -> bool:
+    """Live: two stages overlap in steps and their members' midpoints are one time up to their
+    own widths (`_one_time`, the grouping's test): the one is more of the other's activity that
+    the live fits left apart (a piece formed beside a stage already kept, or cut off by a look)."""
+    return a.onset <= b.end and b.onset <= a.end and _one_time(a.members + b.members, series, level)
 
 
 def detect_stages(events: Iterable, series: dict, rules: StageRules | None = None,

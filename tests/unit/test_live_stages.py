@@ -134,3 +134,39 @@ def test_a_stage_said_to_begin_whose_changes_a_confirmed_stage_took_up_is_not_wi
     assert [s.id for s in w.stages] == [1]
     done = [change("val/loss", 50, 85, 130), change("grok/weight_norm", 52, 86, 128)]
     assert [n[:2] for n in look(w, 1000, done, [], final=True)] == [("confirmed", 2)]
+
+
+def test_a_fit_not_yet_confirmed_joins_a_confirmed_stage_only_once_it_is_confirmed():
+    """A piece of a confirmed stage's change that the detector has fitted to its end but the
+    watcher has not confirmed (still under way to the watcher) makes no stage and does not join
+    yet: the stage keeps its span until the piece is confirmed (no stale fits among its members)."""
+    w = TransitionWatcher()
+    first = [change("grok/restricted_loss", 100, 200, 300), change("val/acc", 120, 210, 310, "up")]
+    assert [n[:2] for n in look(w, 400, first, [])] == [("confirmed", 1)]
+    piece = change("grok/restricted_loss", 310, 450, 620)  # a fit ended, in the fits under way
+    assert look(w, 700, first, [piece]) == []
+    (stage,) = w.stages
+    assert sorted(m["series"] for m in stage.members) == ["grok/restricted_loss", "val/acc"]
+    assert (stage.onset, stage.end) == (100, 310)
+    assert look(w, 800, first + [piece], []) == []
+    (stage,) = w.stages
+    assert sorted(m["series"] for m in stage.members) == ["grok/restricted_loss", "grok/restricted_loss", "val/acc"]
+    assert (stage.onset, stage.end) == (100, 620)
+
+
+def test_a_stage_at_one_time_with_one_already_said_is_said_once_confirmed_not_as_it_begins():
+    """Changes of other series at the time of a stage already said (their midpoints one time with
+    its members', spans overlapping: `one_activity`) make a stage whose beginning is no news: it is
+    said once, confirmed. A stage at a time of its own is still said as it begins. (A run where no
+    signature applies: no restricted loss.)"""
+    series = {k: (STEPS, np.linspace(a, b, len(STEPS))) for k, a, b in
+              [("val/loss", 4.0, 0.1), ("train/loss", 3.0, 0.01), ("grok/key_logit_fraction", 0.0, 1.0), ("grok/gini_embed", 0.1, 0.6)]}
+    w = TransitionWatcher()
+    first = [change("val/loss", 200, 300, 450), change("grok/key_logit_fraction", 210, 310, 440, "up")]
+    assert [n[:3] for n in look(w, 500, first, [], series)] == [("confirmed", 1, None)]
+    beside = [change("train/loss", 220, 320, 430, under_way=True), change("grok/gini_embed", 230, 310, 420, "up", under_way=True)]
+    assert look(w, 520, first, beside, series) == []
+    done = [change("train/loss", 220, 320, 430), change("grok/gini_embed", 230, 310, 420, "up")]
+    assert [n[:2] for n in look(w, 600, first + done, [], series)] == [("confirmed", 2)]
+    later = [change("val/loss", 600, 700, 800, under_way=True), change("grok/gini_embed", 610, 710, 820, "up", under_way=True)]
+    assert [n[:2] for n in look(w, 850, first + done, later, series)] == [("begins", 3)]
