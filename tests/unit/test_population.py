@@ -74,6 +74,19 @@ def _members(task, n, **arch):
     return out
 
 
+def _each_members_own(out, population, modules, batches):
+    """Member k's loss in `out` and its slice of the stack's gradient (after the backward pass)
+    equal those of `modules[k]` (a copy of its model) on `batches[k]`, to float rounding."""
+    for k, (module, batch) in enumerate(zip(modules, batches)):
+        loss = masked_loss(module(batch.tokens), batch, torch.float32)
+        loss.backward()
+        torch.testing.assert_close(out["loss"][k], loss.detach(), rtol=1e-6, atol=1e-6)
+        for name, param in module.named_parameters():
+            if param.requires_grad:
+                torch.testing.assert_close(population.stacked[name.replace(".", "__")].grad[k], param.grad,
+                                           rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_the_vectorised_step_gives_each_member_its_own_loss_and_gradient(shared):
     """The population's loss is the sum of the members' own mean losses, so member k's slice
@@ -88,14 +101,7 @@ def test_the_vectorised_step_gives_each_member_its_own_loss_and_gradient(shared)
 
     out = population._member_outputs(batches[0] if shared else stack_batches(batches))
     out["loss"].sum().backward()
-    for k, (module, batch) in enumerate(zip(alone, batches)):
-        loss = masked_loss(module(batch.tokens), batch, torch.float32)
-        loss.backward()
-        torch.testing.assert_close(out["loss"][k], loss.detach(), rtol=1e-6, atol=1e-6)
-        for name, param in module.named_parameters():
-            if param.requires_grad:
-                torch.testing.assert_close(population.stacked[name.replace(".", "__")].grad[k], param.grad,
-                                           rtol=1e-5, atol=1e-6)
+    _each_members_own(out, population, alone, batches)
     # the members' own models are views into the stack: what the optimizer writes, their probes see
     key = next(iter(population.stacked))
     with torch.no_grad():
@@ -173,14 +179,7 @@ def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_b
     out = population._member_outputs(population._padded(batches[0] if shared else batches))
     assert len(passes) == 1 and passes[0][2].tokens.shape[-1] == tasks[0].n_ctx
     out["loss"].sum().backward()
-    for k, (module, batch) in enumerate(zip(plain, batches)):
-        loss = masked_loss(module(batch.tokens), batch, torch.float32)
-        loss.backward()
-        torch.testing.assert_close(out["loss"][k], loss.detach(), rtol=1e-6, atol=1e-6)
-        for name, param in module.named_parameters():
-            if param.requires_grad:
-                torch.testing.assert_close(population.stacked[name.replace(".", "__")].grad[k], param.grad,
-                                           rtol=1e-5, atol=1e-6)
+    _each_members_own(out, population, plain, batches)
     # the run alone's training step (not a logging step), on its own unpadded batch
     alone._trainer = SimpleNamespace(log_every_n_steps=10, global_step=0,
                                      strategy=SimpleNamespace(root_device=torch.device("cpu")))
