@@ -31,7 +31,8 @@ series without a transition.
    schedule, `TransitionWatcher.look_steps`, as in a fit; `logged`: every step a watched series
    has a point, the most a look can see). Per stage of the offline answer (`series_stages` of
    the finished series): the first announcement of a live stage that shares a moved series with
-   it and overlaps it, over its midpoint; that stage's confirmation over its end; per run the
+   it and overlaps it, over its midpoint, counted only if that stage was later confirmed as one
+   that still matches (in brackets: any announcement); that stage's confirmation over its end; per run the
    withdrawn stages and the default console lines (stage lines) per offline stage.
    Targets (issue 43): announced before the midpoint for >= 80% of stages, confirmed by
    1.2 x end, at most one withdrawn stage per run, at most 3 lines per stage. With `--show`,
@@ -358,21 +359,32 @@ def _moved(stage) -> set:
 
 def stage_scores(result: dict) -> list[dict]:
     """Per offline stage: the first live news (begins or confirmed) of a stage that shares a
-    moved series (and direction) with it and overlaps it in steps, over its midpoint; the first
-    confirmation of such a stage, over its end (None when none)."""
+    moved series (and direction) with it and overlaps it in steps, over its midpoint, counted
+    only when it held: that stage (its id) was later confirmed, and confirmed as one that still
+    matches the offline stage (a stage said to begin and then withdrawn, taken up by another
+    or confirmed as something else claimed nothing that held; "said, any": every such news);
+    the first confirmation of such a stage, over its end (None when none)."""
+    def match(live, truth) -> bool:
+        return bool(_moved(live) & _moved(truth)) and live.onset <= truth.end and truth.onset <= live.end
+
+    held = {}  # live stage id -> its first confirmation
+    for step, what, live in result["news"]:
+        if what == "confirmed":
+            held.setdefault(live.id, live)
     rows = []
     for truth in result["offline"]:
-        mine = [(step, what) for step, what, live in result["news"] if what != "withdrawn"
-                and _moved(live) & _moved(truth) and live.onset <= truth.end and truth.onset <= live.end]
-        said = min((step for step, _ in mine), default=None)
-        confirmed = min((step for step, what in mine if what == "confirmed"), default=None)
+        mine = [(step, what, live) for step, what, live in result["news"] if what != "withdrawn" and match(live, truth)]
+        said = min((step for step, _, live in mine if live.id in held and match(held[live.id], truth)), default=None)
+        any_said = min((step for step, _, _ in mine), default=None)
+        confirmed = min((step for step, what, _ in mine if what == "confirmed"), default=None)
         rows.append({"stage": truth.name or "(unnamed)", "onset": truth.onset, "midpoint": truth.midpoint,
                      "end": truth.end, "said": said, "said/mid": None if said is None else said / truth.midpoint,
+                     "said, any": any_said,
                      "confirmed": confirmed, "confirmed/end": None if confirmed is None else confirmed / truth.end})
     return rows
 
 
-STAGE_HEADER = ("| runs | looks | offline stages | said before midpoint | median said / midpoint | "
+STAGE_HEADER = ("| runs | looks | offline stages | said before midpoint (any) | median said / midpoint | "
                 "confirmed by 1.2 x end | median confirmed / end | withdrawn stages per run (max) | "
                 "runs with <= 1 withdrawn | lines per offline stage (default console) | live stages confirmed |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|")
@@ -383,13 +395,14 @@ def stage_summary(label: str, results: list[dict]) -> str:
     rows = [r for result in results for r in stage_scores(result)]
     n = len(rows)
     said = [r["said/mid"] for r in rows if r["said/mid"] is not None]
+    anyhow = sum(r["said, any"] is not None and r["said, any"] < r["midpoint"] for r in rows)
     conf = [r["confirmed/end"] for r in rows if r["confirmed/end"] is not None]
     withdrawn = [sum(what == "withdrawn" for _, what, _ in result["news"]) for result in results]
     lines = sum(len(result["lines"]) for result in results)
     live = sum(what == "confirmed" for result in results for _, what, _ in result["news"])
     looks = np.median([result["looks"] for result in results])
     med = lambda x: f"{np.median(x):.2f}" if x else "-"  # noqa: E731
-    return (f"| {label} | {looks:.0f} | {n} | {sum(x < 1 for x in said)}/{n} | {med(said)} | "
+    return (f"| {label} | {looks:.0f} | {n} | {sum(x < 1 for x in said)}/{n} ({anyhow}) | {med(said)} | "
             f"{sum(x <= 1.2 for x in conf)}/{n} | {med(conf)} | {np.mean(withdrawn):.1f} ({max(withdrawn)}) | "
             f"{sum(w <= 1 for w in withdrawn)}/{len(results)} | {lines / max(n, 1):.1f} | {live} |")
 
