@@ -16,8 +16,8 @@ if ! python3 -c "import transformer_lens, wandb, tracr, haiku, jsonargparse" 2>/
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         >"$OUT/pip.log" 2>&1 || { echo "wheel install failed"; tail -5 "$OUT/pip.log"; exit 1; }
     export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
+else  # packages found where they are (an earlier sitting's /tmp/site on PYTHONPATH included)
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export WANDB_MODE=disabled WANDB_SILENT=true PYTHONUNBUFFERED=1
 # tracr compiles with JAX: keep JAX on the CPU and off the GPU's memory
