@@ -325,7 +325,8 @@ class TrainModule(pl.LightningModule):
         if self.skipped_steps != self._skips_logged:
             values["train/skipped_steps"] = float(self.skipped_steps)
             self._skips_logged = self.skipped_steps
-        self._train_log = (self.global_step, values)
+        self._train_log = (self.global_step, {key: value.detach() if isinstance(value, torch.Tensor) else value
+                                              for key, value in values.items()})
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         """A logging step's training values to the loggers, filed under the step whose weights

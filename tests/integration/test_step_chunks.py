@@ -50,6 +50,7 @@ def checkpoints(run_dir) -> dict[str, tuple[int, dict[str, bytes]]]:
     return out
 
 
+@pytest.mark.filterwarnings("error:Converting a tensor with requires_grad")  # logged values are read detached
 @pytest.mark.parametrize("extra, deferred", [([], False), (NONFINITE, False), (NONFINITE, True)],
                          ids=["probes", "nonfinite-skipped", "nonfinite-skipped-on-the-device"])
 def test_chunked_steps_train_log_and_save_exactly_as_one_step_at_a_time(tmp_path, monkeypatch, extra, deferred):
