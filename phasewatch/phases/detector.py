@@ -694,30 +694,39 @@ def departure(steps: Sequence[float], values: Sequence[float], metric: str = "",
             continue
         starts.add(start)
         for k in range(1, DEPARTURE_NEWEST + 1):
-            m = n - k - start
-            if m < DEPARTURE_BASELINE:
+            if n - k - start < DEPARTURE_BASELINE:
                 break
-            tb, yb, tn, yn = t[start:n - k], y[start:n - k], t[n - k:], y[n - k:]
-            t_mean, y_mean = float(tb.sum() / m), float(yb.sum() / m)  # = mean(), cheaper
-            sxx = float(((tb - t_mean) ** 2).sum())
-            if sxx <= 0:
-                continue
-            slope = float(((tb - t_mean) * (yb - y_mean)).sum()) / sxx
-            misfit = float(np.sqrt(((yb - y_mean - slope * (tb - t_mean)) ** 2).sum() / (m - 2))) if m > 2 else 0.0
-            sigma = max(noise, misfit, _robust_scale(residuals[start:n - k - 1]))
-            r = yn - (y_mean + slope * (tn - t_mean))
-            se = sigma * math.sqrt(k + k**2 * (1 / m + (float(tn.sum() / k) - t_mean) ** 2 / sxx))
-            z = float(r.sum()) / se
-            sign = 1.0 if z > 0 else -1.0
-            before = yb[-max(k, 2):]
-            moved = sign * (float(yn.sum() / k) - float(before.sum() / len(before))) / (sigma * math.sqrt(1 / k + 1 / len(before)))
-            if abs(z) < bar or np.mean(np.sign(r) == sign) < 0.75 or abs(r[-1]) < abs(r[0]) or moved < 2:
-                continue
-            if best is None or abs(z) > best["snr"]:
+            z = _split_z(t, y, residuals, noise, start, k, bar)
+            if z is not None and (best is None or abs(z) > best["snr"]):
                 best = {"metric": metric, "direction": "up" if z > 0 else "down",
-                        "onset": int(round(10 ** tn[0])), "snr": abs(z),
+                        "onset": int(round(10 ** t[n - k])), "snr": abs(z),
                         "confidence": _normal_cdf(abs(z) - bar)}
     return best
+
+
+def _split_z(t: np.ndarray, y: np.ndarray, residuals: np.ndarray, noise: float, start: int, k: int,
+             bar: float) -> float | None:
+    """`departure`'s test of one split: z of the newest `k` points against the trend of the
+    points from `start` before them, or None where the split is no departure."""
+    n = len(t)
+    m = n - k - start
+    tb, yb, tn, yn = t[start:n - k], y[start:n - k], t[n - k:], y[n - k:]
+    t_mean, y_mean = float(tb.sum() / m), float(yb.sum() / m)  # = mean(), cheaper
+    sxx = float(((tb - t_mean) ** 2).sum())
+    if sxx <= 0:
+        return None
+    slope = float(((tb - t_mean) * (yb - y_mean)).sum()) / sxx
+    misfit = float(np.sqrt(((yb - y_mean - slope * (tb - t_mean)) ** 2).sum() / (m - 2))) if m > 2 else 0.0
+    sigma = max(noise, misfit, _robust_scale(residuals[start:n - k - 1]))
+    r = yn - (y_mean + slope * (tn - t_mean))
+    se = sigma * math.sqrt(k + k**2 * (1 / m + (float(tn.sum() / k) - t_mean) ** 2 / sxx))
+    z = float(r.sum()) / se
+    sign = 1.0 if z > 0 else -1.0
+    before = yb[-max(k, 2):]
+    moved = sign * (float(yn.sum() / k) - float(before.sum() / len(before))) / (sigma * math.sqrt(1 / k + 1 / len(before)))
+    if abs(z) < bar or np.mean(np.sign(r) == sign) < 0.75 or abs(r[-1]) < abs(r[0]) or moved < 2:
+        return None
+    return z
 
 
 def _normal_cdf(z: float) -> float:
