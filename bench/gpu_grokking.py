@@ -10,10 +10,10 @@ AdamW with the same warm-up, the test accuracy read every `val_check_interval` s
 (2) `phasewatch fit` with the default probes; (3) `phasewatch fit` with no probes (for
 the probes' overhead); optionally (4, `plain`) `phasewatch fit` with the default probes
 and one optimisation step per Lightning step (`TrainModule.chunks` off: the run before
-several steps ran to a Lightning step on a GPU). For each: wall time of the training loop (start-up excluded),
-steps per second, the first validation with test accuracy > 99% and the wall time to
-it; for the phasewatch run also the detected transitions of the paper's measures (its
-events.jsonl). Appends a dated section to `--out` (bench/RESULTS.md). Target: phasewatch
+several steps ran to a Lightning step on a GPU). For each: wall time of the training loop
+(start-up excluded), steps per second, the first validation with test accuracy > 99% and
+the wall time to it; for the phasewatch run also the detected transitions of the paper's
+measures (its events.jsonl). Appends a dated section to `--out` (bench/RESULTS.md). Target: phasewatch
 with the default probes at >= 0.9x the hand-written loop's steps per second.
 
 Where one command may run only so long (the device tool: 10 minutes), run the parts in
@@ -124,13 +124,15 @@ def fit_run(config: str, steps: int, device: str, probes: bool, chunks: bool = T
     accelerator = "gpu" if device.startswith("cuda") else "cpu"
     extra = [] if probes else ["--probes.names", "[]"]
     TrainModule.chunks = chunks
-    with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
-        rc = fit_with_callback(["--config", config, "--run_dir", str(run), "--trainer.max_steps", str(steps),
-                                "--trainer.accelerator", accelerator, "--trainer.enable_progress_bar", "false",
-                                "--no_wandb", *extra], Clock())
-        events = RunFolder(run).transitions()  # confirmed ones: onsets and withdrawals have no midpoint
-    TrainModule.chunks = True
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            run = Path(tmp) / "run"
+            rc = fit_with_callback(["--config", config, "--run_dir", str(run), "--trainer.max_steps", str(steps),
+                                    "--trainer.accelerator", accelerator, "--trainer.enable_progress_bar", "false",
+                                    "--no_wandb", *extra], Clock())
+            events = RunFolder(run).transitions()  # confirmed ones: onsets and withdrawals have no midpoint
+    finally:
+        TrainModule.chunks = True
     if rc != 0:
         raise SystemExit(f"phasewatch fit exited with {rc}")
     grok_step, grok_seconds = clock.get("grok", (None, None))
