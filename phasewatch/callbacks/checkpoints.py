@@ -10,9 +10,9 @@ refreshed every `last_every` steps, at the end, and at the step where SIGTERM ar
 where validation runs, the save waits until validation has logged. Every file is written under a
 temporary name and renamed into place; a full disk stops the run with one line (DiskFull).
 
-Resume without gaps or duplicates: a full checkpoint stores `checkpoint_state()` of every
-`CheckpointStateLogger`; on resume `restore_checkpoint_state(state, step)` cuts away what was
-logged after it. The README's "The run folder" says what a default run writes and how big.
+Resume without gaps or duplicates: a full checkpoint stores every `CheckpointStateLogger`'s
+`checkpoint_state()`; on resume `restore_checkpoint_state(state, step)` cuts what was logged after
+it. README, "The run folder": what a run writes, how big. `shared_views`: one object per view.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 from phasewatch.loggers.run_folder import CheckpointStateLogger, run_folder
@@ -32,6 +33,22 @@ from phasewatch.callbacks.transitions import dense_now
 from phasewatch.errors import DiskFull, is_disk_full
 from phasewatch.rundir import LAST_CHECKPOINT, checkpoint_name, step_checkpoints
 from phasewatch.tasks.base import require_int
+
+
+def shared_views(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """`state_dict` with every tensor that views the same memory as an earlier entry, with the
+    same type, dtype, device, shape, strides and `requires_grad`, replaced by that entry's
+    object (in place; returned). `torch.save` writes a tensor's storage once either way, but a
+    tensor object once per object: a bridge's state dict repeats each weight under several
+    paths, and pickling each repeat cost most of a weights-only checkpoint's host work
+    (bench/README.md, fit_speed). Loaded, every key holds the same values as before."""
+    first: dict[tuple, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        if isinstance(value, torch.Tensor):
+            view = (type(value), value.data_ptr(), value.dtype, value.device, value.shape, value.stride(),
+                    value.requires_grad)
+            state_dict[key] = first.setdefault(view, value)
+    return state_dict
 
 
 class ScheduledCheckpoints(Checkpoint):

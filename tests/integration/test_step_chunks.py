@@ -85,3 +85,27 @@ def test_a_run_resumed_from_a_step_inside_a_chunk_goes_on_exactly(tmp_path, monk
         assert main(["fit", "--run_dir", str(run), "--ckpt_path", str(run / "checkpoints" / "step=0000013.ckpt")]) == 0
         assert (run / "metrics.jsonl").read_text() == (tmp_path / "a" / "metrics.jsonl").read_text()
         assert checkpoints(run)["last.ckpt"] == checkpoints(tmp_path / "a")["last.ckpt"]
+
+
+def test_validation_runs_every_module_in_eval_mode_and_training_resumes_in_train_mode(tmp_path, monkeypatch):
+    """`TrainModule.on_validation_model_eval` (each module switched once, the bridge's own model
+    too) against what the training and validation steps see: every module of the module and of
+    the bridge's wrapped model in eval mode during validation, in train mode at every step."""
+    seen: dict[str, set[bool]] = {"train": set(), "val": set()}
+    step, validation_step = TrainModule._step, TrainModule.validation_step
+
+    def modes(module) -> set[bool]:
+        return {sub.training for root in (module, module.model.original_model) for sub in root.modules()}
+
+    def training(self, batch, batch_idx):
+        seen["train"] |= modes(self)
+        return step(self, batch, batch_idx)
+
+    def validating(self, batch, batch_idx):
+        seen["val"] |= modes(self)
+        return validation_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(TrainModule, "_step", training)
+    monkeypatch.setattr(TrainModule, "validation_step", validating)
+    fit(tmp_path / "run", True, monkeypatch, "--probes.names", "[]", "--trainer.max_steps", "21")
+    assert seen == {"train": {True}, "val": {False}}
