@@ -159,6 +159,20 @@ def build_members(parser, config: dict[str, Any], seeds: list[int], vary_data: b
     return out
 
 
+#: a validation pass's residual stream on the CPU (floats, over its members): a RASP task's
+#: held-out inputs (reverse: 3,125 of length 6 a member) stacked for 16 or 64 members fall out of
+#: the CPU's caches and the pass slows up to 2x; 2 or 4 members a pass of the real reverse, 12 of
+#: the proxy, every member of a small held-out set (bench/README.md, population, session 17)
+PASS_FLOATS = 2**21
+
+
+def _members_of(batch: Batch, start: int, size: int) -> Batch:
+    """Members `start` to `start + size` of stacked batches."""
+    cut = lambda t: t[start:start + size]  # noqa: E731
+    return Batch(cut(batch.tokens), cut(batch.targets), cut(batch.loss_mask),
+                 {key: cut(value) for key, value in batch.extras.items()})
+
+
 def _key(name: str) -> str:
     return name.replace(".", "__")  # parameter names may not hold dots
 
@@ -182,6 +196,7 @@ class PopulationModule(pl.LightningModule):
         # plain twin (no bridge: fewer host calls a pass), as a member re-run alone does
         self._template = copy.deepcopy(native_module(first.model))
         self._plain, self._plain_names = plain_twin(first.model)
+        self._width = first.model.cfg.d_model  # (`members_per_pass`)
         names = [name for name, _ in self._template.named_parameters()]
         per_member = [dict(native_module(m.model).named_parameters()) for m in members]
         self.stacked = torch.nn.ParameterDict({
@@ -218,35 +233,55 @@ class PopulationModule(pl.LightningModule):
         """Every parameter of the members stacked (member first), named as the template's."""
         return {name: self.stacked[_key(name)] for name in self._names}
 
-    def _member_outputs(self, batch: Batch | list[Batch], counts: bool = True) -> dict[str, torch.Tensor]:
+    def _member_outputs(self, batch: Batch | list[Batch], counts: bool = True,
+                        cached: bool = False) -> dict[str, torch.Tensor]:
         """Per member (a leading member dimension): the mean loss over answer tokens `loss`
         and, with `counts`, the sums that accuracy and validation need (`loss_sum`, `tokens`,
         `correct`, `seq_ok`). `batch` is one batch for every member (without `vary_data`), the members'
         batches stacked, or a list of them when their shapes differ (a RASP task draws each
-        step's length per member): then one vectorised pass per shape."""
+        step's length per member): then one vectorised pass per shape. With `cached`
+        (validation), each shape's pass is cut into passes of `members_per_pass` members."""
         if not isinstance(batch, list):
             params = self.stacked_parameters()
-            return self._vectorised(params, batch, not self.vary_data, counts)
+            return self._vectorised(params, batch, not self.vary_data, counts, cached)
         groups: dict[tuple, list[int]] = {}
         for k, b in enumerate(batch):
             groups.setdefault(tuple(b.tokens.shape), []).append(k)
         if len(groups) == 1:
-            return self._member_outputs(stack_batches(batch), counts)
+            return self._member_outputs(stack_batches(batch), counts, cached)
         parts, order = [], []
         for members in groups.values():
             index = torch.tensor(members, device=self.device)
             params = {name: self.stacked[_key(name)].index_select(0, index) for name in self._names}
-            parts.append(self._vectorised(params, stack_batches([batch[k] for k in members]), False, counts))
+            parts.append(self._vectorised(params, stack_batches([batch[k] for k in members]), False, counts, cached))
             order += members
         back = torch.argsort(torch.tensor(order, device=self.device))
         return {key: torch.cat([p[key] for p in parts])[back] for key in parts[0]}
 
+    def members_per_pass(self, batch: Batch, one_batch: bool) -> int | None:
+        """How many members one validation pass on the CPU takes: as many as keep its residual
+        stream (positions x d_model, summed over the members) within `PASS_FLOATS`, at least
+        2; None (every member in one pass) on an accelerator."""
+        if self.device.type != "cpu":
+            return None
+        positions = batch.tokens.numel() if one_batch else batch.tokens[0].numel()
+        return max(2, PASS_FLOATS // max(1, positions * self._width))
+
     def _vectorised(self, params: dict[str, torch.Tensor], batch: Batch, one_batch: bool,
-                    counts: bool) -> dict[str, torch.Tensor]:
+                    counts: bool, cached: bool = False) -> dict[str, torch.Tensor]:
         """`vectorised_outputs` through the plain twin: `one_batch` for every member, or the
-        members' stacked."""
+        members' stacked; with `cached`, `members_per_pass` members a pass (member k's
+        stack then holds its pass's members: a stack of one runs doubled, as ever)."""
         params = {self._plain_names[name]: p for name, p in params.items()}
-        return vectorised_outputs(self._plain, params, batch, one_batch, counts, self.loss_dtype)
+        size = next(iter(params.values())).shape[0]
+        step = self.members_per_pass(batch, one_batch) if cached else None
+        if step is None or step >= size:
+            return vectorised_outputs(self._plain, params, batch, one_batch, counts, self.loss_dtype)
+        parts = [vectorised_outputs(self._plain, {name: p[start:start + step] for name, p in params.items()},
+                                    batch if one_batch else _members_of(batch, start, step), one_batch, counts,
+                                    self.loss_dtype)
+                 for start in range(0, size, step)]
+        return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
     def _padded(self, batch: Batch | list[Batch]) -> Batch:
         """The members' training batches each `padded` to the task's longest input, as a member
@@ -301,7 +336,7 @@ class PopulationModule(pl.LightningModule):
         self._val_group = self.task.val_groups()
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        out = self._member_outputs(batch)
+        out = self._member_outputs(batch, cached=True)
         sums = torch.stack([out[k].double() for k in ("loss_sum", "tokens", "correct", "seq_ok")], dim=-1)
         sizes = [len(b) for b in batch] if isinstance(batch, list) else [batch.tokens.shape[-2]] * len(sums)
         seqs = torch.tensor(sizes, dtype=sums.dtype, device=sums.device)[:, None]

@@ -191,6 +191,46 @@ def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_b
             assert torch.equal(population.stacked[name.replace(".", "__")].grad[1], param.grad), name
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_validation_in_passes_gives_each_member_its_own_values(shared, monkeypatch):
+    """On the CPU a validation pass takes `members_per_pass` members (its residual stream within
+    `PASS_FLOATS`): five members in passes of 2, 2 and 1 (a stack of one runs doubled). Member
+    k's loss equals its own model's on its own held-out batch to float rounding, its counts
+    exactly, and a member alone with `vectorised` repeats its values bit for bit."""
+    import phasewatch.training.population as population_module
+    from phasewatch.training.population import stack_batches
+
+    tasks = [Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8, seed=s) for s in range(5)]
+    members = _members(tasks[0], 5)
+    plain = [copy.deepcopy(native_module(m.model)) for m in members]
+    alone = [copy.deepcopy(m) for m in members]
+    population = PopulationModule(members, vary_data=not shared)
+    batches = [t.val_batches()[0] for t in (tasks[:1] * 5 if shared else tasks)]
+    batch = batches[0] if shared else stack_batches(batches)
+    monkeypatch.setattr(population_module, "PASS_FLOATS", 2 * batches[0].tokens.numel() * 16)  # d_model 16: 2 a pass
+    assert population.members_per_pass(batch, shared) == 2
+    passes = []
+    counted = population_module.vectorised_outputs
+    monkeypatch.setattr(population_module, "vectorised_outputs",
+                        lambda module, params, *a: passes.append(next(iter(params.values())).shape[0])
+                        or counted(module, params, *a))
+    with torch.no_grad():
+        out = population._member_outputs(batch, cached=True)
+        assert passes == [2, 2, 1]
+        for k, (model, own) in enumerate(zip(plain, batches)):
+            logits = model(own.tokens)
+            torch.testing.assert_close(out["loss"][k], masked_loss(logits, own, torch.float32), rtol=1e-6, atol=1e-6)
+            right = (logits.argmax(-1) == own.targets) & own.loss_mask
+            assert out["tokens"][k] == own.loss_mask.sum() and out["correct"][k] == right.sum()
+            assert out["seq_ok"][k] == (right | ~own.loss_mask).all(-1).sum()
+            alone[k].hparams["vectorised"] = "shared" if shared else "own"
+            again = alone[k]._as_population_of_one(own, counts=True)
+            for key in ("loss", "loss_sum", "tokens", "correct", "seq_ok"):
+                assert torch.equal(out[key][k], again[key][0]), (k, key)
+    monkeypatch.setattr(population_module, "PASS_FLOATS", 2**40)  # a large budget: every member in one pass
+    assert population.members_per_pass(batch, shared) >= 5
+
+
 def test_members_of_other_architectures_are_refused():
     task = Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8)
     torch.manual_seed(0)
