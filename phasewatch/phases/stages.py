@@ -650,29 +650,54 @@ def _one_change(a: dict, b: dict, series: dict) -> bool:
     return b0 - a1 <= gap and a0 - b1 <= gap
 
 
-def _absorbed(rest: list[dict], keep: list[Stage], series: dict, level: float) -> list[dict]:
+def _absorbed(rest: list[dict], keep: list[Stage], series: dict, level: float) -> tuple[list[dict], dict]:
     """Live: the events of `rest` that are more of a kept stage's changes, joined to it (its
-    members, span and midpoint grow; its id and name stay); the others, returned. An event joins
-    a kept stage when it is a piece of one of the stage's changes (`_one_change`, with a member or
-    with an event joined before it), or, a transition, when it is of one of the stage's series
-    and at one time with its members (`_one_time`); a change under way (a fit in progress, or
-    one not yet confirmed: marked `under_way`) that is a piece of one is left out (no stage of
-    its own) but not joined until it is a confirmed transition."""
-    taken = set()
+    members, span and midpoint grow; its id and name stay); the others, returned, and of them the
+    pieces of a kept stage's change that has moved on ({id: (event, stage)}, `_still_at`). An
+    event joins a kept stage when it is a piece of one of the stage's changes (`_one_change`, with
+    a member or with an event joined before it) that is still at the stage's time, or, a
+    transition, when it is of one of the stage's series and at one time with its members
+    (`_one_time`); a change under way (a fit in progress, or one not yet confirmed: marked
+    `under_way`) that is a piece of one is left out (no stage of its own) but not joined until it
+    is a confirmed transition."""
+    taken, moved_on = set(), {}
     for e in sorted(rest, key=_times) if keep else ():
         settled = e.get("kind", "transition") == "transition" and not e.get("under_way")
         home = [k for k in keep if any(_one_change(m, e, series) for m in k.members)]
+        if settled and home:  # a change that has moved on to a time of its own is that time's
+            later = [k for k in home if not _still_at(k, e, series, level)]
+            home = [k for k in home if all(k is not o for o in later)]
+        else:
+            later = [k for f, k in moved_on.values() if settled and _one_change(f, e, series)]
+        if later and not home:
+            moved_on[id(e)] = (e, later[0])
+            continue
         if not home and settled:
             home = [k for k in keep if any(m["metric"] == e["metric"] for m in k.members)
                     and _one_time(k.members + [e], series, level)]
         if home:
             taken.add(id(e))
         if home and settled:
-            stage = min(home, key=lambda k: abs(_times(e)[1] - math.log10(max(k.midpoint, 1))))
-            stage.members.append({**e, "series": e["metric"], "size": _size(e, series)})
-            stage.onset, stage.end, stage.under_way_at_end = _span(stage.members, series)
-            stage.midpoint = _midpoint(stage.members, series)
-    return [e for e in rest if id(e) not in taken]
+            _join(min(home, key=lambda k: abs(_times(e)[1] - math.log10(max(k.midpoint, 1)))), e, series)
+    return [e for e in rest if id(e) not in taken], moved_on
+
+
+def _join(stage: Stage, event: dict, series: dict) -> None:
+    """An event joined to a kept stage: a member; the span and midpoint redone."""
+    stage.members.append({**event, "series": event["metric"], "size": _size(event, series)})
+    stage.onset, stage.end, stage.under_way_at_end = _span(stage.members, series)
+    stage.midpoint = _midpoint(stage.members, series)
+
+
+def _still_at(stage: Stage, event: dict, series: dict, level: float) -> bool:
+    """Live: a kept stage's change with `event`, a later piece of it, joined (`_joined`: one change
+    over its pieces' span, at the step where half of it is made) is still one time with the
+    stage's other members (`_one_time`): offline the joined change belongs to the stage at its
+    half-way point, so a change that has moved on (a rise begun in one stage and made mostly in
+    a later one) is not the kept stage's to take up."""
+    change = next(c for c in _joined(stage.members + [event], series) if any(p is event for p in c.get("pieces", [c])))
+    pieces = change.get("pieces", [change])
+    return _one_time([m for m in stage.members if not any(m is p for p in pieces)] + [change], series, level)
 
 
 def one_activity(a: Stage, b: Stage, series: dict, level: float = LEVEL) -> bool:
@@ -690,14 +715,19 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     `previous`: the stages of an earlier call, whose ids carry over; `keep`: stages kept with
     their ids, names and members (live: those already confirmed), their members' events left
     out of the grouping, and more of their changes joined to them (`_absorbed`; stages of their
-    phase, `_one_phase`)."""
+    phase, `_one_phase`). A piece of a kept stage's change that has moved on (`_still_at`) is
+    grouped as any event; where it makes no stage with other events it joins the kept stage."""
     rules = rules or StageRules()
     kept = {_key(m) for stage in keep for m in stage.members}
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
     keep = [dataclasses.replace(stage, members=list(stage.members)) for stage in keep]
-    rest = _absorbed([e for e in usable if _key(e) not in kept], keep, series, level)
+    rest, moved_on = _absorbed([e for e in usable if _key(e) not in kept], keep, series, level)
+    groups = [g for g in _group(rest, series, rules, level) if not all(id(m) in moved_on for m in g)]
+    grouped = {id(m) for g in groups for m in g}
+    for e, stage in (v for k, v in moved_on.items() if k not in grouped):  # no stage of their own: the kept
+        _join(stage, e, series)                                             # stage's, as before
     new = []
-    for members in _group(rest, series, rules, level):
+    for members in groups:
         members = sorted(members, key=lambda m: (m["midpoint"], m["metric"]))
         for m in members:
             m["series"], m["size"] = m["metric"], _size(m, series)

@@ -647,3 +647,33 @@ def test_a_stage_overlapping_a_named_one_and_matching_its_signature_by_itself_is
     grown = detect_stages(named + later, {}, rules, previous=said, keep=said)
     assert [(s.id, s.name, s.lead, len(s.members)) for s in grown] == [(said[0].id, "P", "a/x", 4)]
     assert len(said[0].members) == 2  # the kept stage itself is not changed
+
+
+def test_a_change_that_has_moved_on_from_a_kept_stage_belongs_to_the_stage_at_its_time():
+    """Live, a kept stage takes up more of its changes (`_absorbed`), but only while the change, its
+    pieces joined, is still at the stage's time (`_still_at`): offline the joined change belongs
+    to the stage at its half-way point. The quickstart replayed live (2026-11-27): the test
+    accuracy's first rise (105-182, 0.05 -> 0.29) was confirmed in an early unnamed stage, which
+    then took up its rise to 0.96 (377-1,828); the stage where it happened (202-2,654, the weight
+    norm falling) lacked it and was confirmed as circuit formation, offline cleanup. Here P needs
+    a/x up and c/n down: the kept stage holds a/x's first piece (89-112, 0.1 of its rise); its
+    second piece (112-3,000, half-way at 800) comes with c/n's fall at 800. It is no longer the
+    kept stage's: the stage at 800 takes it and is P, as offline. With d/q instead of c/n that
+    stage matches nothing and stays unnamed; alone, the piece is more of the kept stage, as before."""
+    rules = StageRules(signatures=(Signature("P", moves=("a/x up", "c/n down")),))
+    steps = np.unique(np.geomspace(10, 5000, 200).round())
+    rise = 0.1 * np.clip((np.log10(steps) - math.log10(89)) / math.log10(112 / 89), 0, 1)
+    series = {"a/x": (steps, 1 + rise + 0.9 / (1 + np.exp(-(np.log10(steps) - math.log10(800)) / 0.1)))}
+    first = [event("b/y", 100, "up", decades=0.1), {**event("a/x", 100, "up"), "onset": 89, "end": 112}]
+    kept = detect_stages(first, series, rules)
+    assert [(s.name, members(s)) for s in kept] == [(None, [("a/x", "up"), ("b/y", "up")])]
+    more = {**event("a/x", 800, "up"), "onset": 112, "end": 3000}
+    for partner, name in ((event("c/n", 800), "P"), (event("d/q", 800, "up"), None)):
+        stages = detect_stages(first + [more, partner], series, rules, previous=kept, keep=kept)
+        assert [(s.name, members(s)) for s in stages] == [
+            (None, [("a/x", "up"), ("b/y", "up")]), (name, sorted([("a/x", "up"), (partner["metric"], partner["direction"])]))]
+        assert stages[0].id == kept[0].id and stages[1].id != kept[0].id
+    offline = detect_stages(first + [more, event("c/n", 800)], series, rules)
+    assert ("P", [("a/x", "up"), ("a/x", "up"), ("c/n", "down")]) in [(s.name, members(s)) for s in offline]
+    alone = detect_stages(first + [more], series, rules, previous=kept, keep=kept)
+    assert [(s.id, len(s.members), s.end) for s in alone] == [(kept[0].id, 3, 3000)]
