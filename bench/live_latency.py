@@ -33,7 +33,9 @@ series without a transition.
    the finished series): the first announcement of a live stage that shares a moved series with
    it and overlaps it, over its midpoint, counted only if that stage was later confirmed as one
    that still matches (in brackets: any announcement); that stage's confirmation over its end; per run the
-   withdrawn stages and the default console lines (stage lines) per offline stage.
+   withdrawn stages and the default console lines (stage lines) per offline stage; per set, the
+   offline stages with a name confirmed live under it, and the live names the offline answer
+   does not give (`offline_names`).
    Targets (issue 43): announced before the midpoint for >= 80% of stages, confirmed by
    1.2 x end, at most one withdrawn stage per run, at most 3 lines per stage. With `--show`,
    per run also what the lines claimed (`name_checks`: stages named at "begins", of them
@@ -357,6 +359,11 @@ def _moved(stage) -> set:
     return {(m["series"], m["direction"]) for m in stage.members}
 
 
+def _match(live, truth) -> bool:
+    """A live stage is about an offline one: a moved series (and direction) in common, spans overlapping."""
+    return bool(_moved(live) & _moved(truth)) and live.onset <= truth.end and truth.onset <= live.end
+
+
 def stage_scores(result: dict) -> list[dict]:
     """Per offline stage: the first live news (begins or confirmed) of a stage that shares a
     moved series (and direction) with it and overlaps it in steps, over its midpoint, counted
@@ -364,17 +371,14 @@ def stage_scores(result: dict) -> list[dict]:
     matches the offline stage (a stage said to begin and then withdrawn, taken up by another
     or confirmed as something else claimed nothing that held; "said, any": every such news);
     the first confirmation of such a stage, over its end (None when none)."""
-    def match(live, truth) -> bool:
-        return bool(_moved(live) & _moved(truth)) and live.onset <= truth.end and truth.onset <= live.end
-
     held = {}  # live stage id -> its first confirmation
     for step, what, live in result["news"]:
         if what == "confirmed":
             held.setdefault(live.id, live)
     rows = []
     for truth in result["offline"]:
-        mine = [(step, what, live) for step, what, live in result["news"] if what != "withdrawn" and match(live, truth)]
-        said = min((step for step, _, live in mine if live.id in held and match(held[live.id], truth)), default=None)
+        mine = [(step, what, live) for step, what, live in result["news"] if what != "withdrawn" and _match(live, truth)]
+        said = min((step for step, _, live in mine if live.id in held and _match(held[live.id], truth)), default=None)
         any_said = min((step for step, _, _ in mine), default=None)
         confirmed = min((step for step, what, _ in mine if what == "confirmed"), default=None)
         rows.append({"stage": truth.name or "(unnamed)", "onset": truth.onset, "midpoint": truth.midpoint,
@@ -400,11 +404,24 @@ def stage_summary(label: str, results: list[dict]) -> str:
     withdrawn = [sum(what == "withdrawn" for _, what, _ in result["news"]) for result in results]
     lines = sum(len(result["lines"]) for result in results)
     live = sum(what == "confirmed" for result in results for _, what, _ in result["news"])
+    named, kept, other = np.sum([offline_names(result) for result in results], axis=0)
     looks = np.median([result["looks"] for result in results])
     med = lambda x: f"{np.median(x):.2f}" if x else "-"  # noqa: E731
     return (f"| {label} | {looks:.0f} | {n} | {sum(x < 1 for x in said)}/{n} ({anyhow}) | {med(said)} | "
             f"{sum(x <= 1.2 for x in conf)}/{n} | {med(conf)} | {np.mean(withdrawn):.1f} ({max(withdrawn)}) | "
-            f"{sum(w <= 1 for w in withdrawn)}/{len(results)} | {lines / max(n, 1):.1f} | {live} |")
+            f"{sum(w <= 1 for w in withdrawn)}/{len(results)} | {lines / max(n, 1):.1f} | {live} | {kept}/{named} ({other}) |")
+
+
+def offline_names(result: dict) -> tuple[int, int, int]:
+    """The offline stages with a name; of them, those a live stage about them (`_match`) was
+    confirmed under; and the live stages confirmed with a name that no offline stage they are about
+    has (the offline answer names them otherwise, or not at all)."""
+    confirmed = {stage.id: stage for _, what, stage in result["news"] if what == "confirmed"}
+    named = [t for t in result["offline"] if t.name]
+    kept = sum(any(s.name == t.name and _match(s, t) for s in confirmed.values()) for t in named)
+    other = sum(not any(t.name == s.name and _match(s, t) for t in result["offline"])
+                for s in confirmed.values() if s.name)
+    return len(named), kept, other
 
 
 def name_checks(result: dict) -> dict:
