@@ -390,8 +390,9 @@ def stage_scores(result: dict) -> list[dict]:
 
 STAGE_HEADER = ("| runs | looks | offline stages | said before midpoint (any) | median said / midpoint | "
                 "confirmed by 1.2 x end | median confirmed / end | withdrawn stages per run (max) | "
-                "runs with <= 1 withdrawn | lines per offline stage (default console) | live stages confirmed |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|")
+                "runs with <= 1 withdrawn | lines per offline stage (default console) | live stages confirmed | "
+                "named offline: confirmed live under that name (live names it has not) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def stage_summary(label: str, results: list[dict]) -> str:
