@@ -28,6 +28,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, IterableDataset
 
+from phasewatch.callbacks.checkpoints import shared_views
 from phasewatch.callbacks.probes import ProbeRunner, StackedProbes
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.models import native_module
@@ -376,10 +377,15 @@ class PopulationModule(pl.LightningModule):
         optimizer state, the shared learning-rate schedule and its callbacks' states (a full
         checkpoint, which `phasewatch fit` resumes alone)."""
         trainer, member = self.trainer, self.members[index]
+        # the member's weights are views into the stack, so each is copied (torch.save would write
+        # the whole stack); a weight the bridge names under several paths once (`shared_views`,
+        # as a run alone's checkpoint holds it)
+        state = shared_views(member.state_dict())
+        copies = {id(v): v.detach().clone() for v in state.values()}
         ckpt = {
             "epoch": trainer.current_epoch, "global_step": trainer.global_step,
             "pytorch-lightning_version": pl.__version__,
-            "state_dict": {k: v.detach().clone() for k, v in member.state_dict().items()},
+            "state_dict": {k: copies[id(v)] for k, v in state.items()},
             "hyper_parameters": dict(member.hparams), "phasewatch_skipped_steps": 0,
         }
         if hasattr(member, "_hparams_name"):

@@ -203,6 +203,12 @@ def test_a_members_checkpoint_resumes_as_the_member_alone(tmp_path):
     lines = [r["step"] for r in read_jsonl(alone / "metrics.jsonl")]
     assert lines == [r["step"] for r in read_jsonl(pop / "m01" / "metrics.jsonl")]  # nothing lost or repeated
     _same_run(alone, pop / "m01")  # the same values, to float rounding (vectorised against alone)
+    # the member's state dict as the run alone's checkpoint holds it: the same keys in order, a
+    # weight the bridge names under several paths one object (`shared_views`), fewer than keys
+    own, ran = (torch.load(run / "checkpoints" / "step=0000012.ckpt", weights_only=True)["state_dict"]
+                for run in (pop / "m01", alone))
+    assert list(own) == list(ran)
+    assert len({id(v) for v in own.values()}) == len({id(v) for v in ran.values()}) < len(own)
 
 
 def _replayed(tmp_path, seeds: str, member: str, steps: int) -> dict:
