@@ -40,10 +40,16 @@ series without a transition.
    1.2 x end, at most one withdrawn stage per run, at most 3 lines per stage. With `--show`,
    per run also what the lines claimed (`name_checks`: stages named at "begins", of them
    confirmed under another name, leads changed, names confirmed twice); `--lines`, the lines.
+5. With `--early K ...`: what logging the training metrics densely early costs: fits of
+   `--configs` with `--transitions.logs_per_doubling K`, each K in turn (the order rotated each
+   repeat), each in a process of its own: CPU time (user + system) against the first K's, the
+   training-loss rows, probe steps, checkpoints and console stage lines (kept: each run folder,
+   its console.txt); `--calls`: also one profiled fit each, its Python calls (the whole process).
 
     python bench/live_latency.py [--seeds 3] [--real quickstart induction_2l digit_addition]
                                  [--steps 3000] [--out /tmp/live_latency] [--frontier]
     python bench/live_latency.py --stages RUN [RUN ...] [--looks validations watcher] [--show] [--lines]
+    python bench/live_latency.py --early 0 16 [--configs quickstart_tiny induction_tiny] [--repeats 2] [--calls]
 """
 
 from __future__ import annotations
@@ -468,6 +474,68 @@ def stages_table(runs: list[Path], looks: list[str], show: bool = False, lines: 
                     print("\n".join(f"    {m.name} {line}" for line in result["lines"]))
 
 
+def early_fit(config: str, k: int, run: Path, flags: list[str], calls: bool = False) -> dict:
+    """One `phasewatch fit` of `config` logging densely early with `transitions.logs_per_doubling
+    k` (0: every `log_every_n_steps` only), in a process of its own: its CPU time (user + system),
+    wall time, what it logged and ran (training-loss rows, probe runs, checkpoints), its console
+    stage lines, and with `calls` its Python function calls (cProfile, the whole process)."""
+    import resource
+
+    prof = run.with_suffix(".prof")
+    cmd = [sys.executable, *(["-m", "cProfile", "-o", str(prof)] if calls else []), "-m", "phasewatch", "fit",
+           "--config", f"configs/{config}.yaml", "--no_wandb", "--run_dir", str(run),
+           "--trainer.enable_progress_bar", "false", "--transitions.logs_per_doubling", str(k), *flags]
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
+    (run / "console.txt").write_text(out)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    probed = {r["step"] for r in rows if any(not key.startswith(("train/", "val/", "lr", "step", "epoch", "time"))
+                                            for key in r)}
+    result = {"config": config, "k": k, "flags": flags, "cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+              "wall": wall, "train rows": sum("train/loss" in r for r in rows), "probe steps": len(probed),
+              "checkpoints": len(list(run.rglob("*.ckpt"))),
+              "stage lines": sum(": stage " in line or ": confirmed " in line for line in out.splitlines())}
+    if calls:
+        import pstats
+
+        result["calls"] = pstats.Stats(str(prof)).total_calls
+    return result
+
+
+def early_cost(configs: list[str], ks: list[int], repeats: int, out: Path, calls: bool, flags: list[str]) -> None:
+    """`--early`: fits of each config at each `ks` (`early_fit`), the ks alternated (their order
+    rotated each repeat), then with `calls` one profiled fit each; per config, each k's median
+    CPU time and calls against the first k's, measured in this one process."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for repeat in range(repeats):
+        order = ks[repeat % len(ks):] + ks[:repeat % len(ks)]
+        for config in configs:
+            for k in order:
+                run = out / f"{config}-k{k}-r{repeat}"
+                results.append(early_fit(config, k, run, flags))
+                print(json.dumps(results[-1]), flush=True)
+    if calls:
+        for config in configs:
+            for k in ks:
+                results.append(early_fit(config, k, out / f"{config}-k{k}-calls", flags, calls=True))
+                print(json.dumps(results[-1]), flush=True)
+    print("\n| config | logs_per_doubling | training-loss rows | probe steps | checkpoints | stage lines "
+          "| CPU s (median) | CPU ratio | Python calls | calls ratio |\n|---|---|---|---|---|---|---|---|---|---|")
+    for config in configs:
+        mine = [r for r in results if r["config"] == config]
+        cpu = {k: float(np.median([r["cpu"] for r in mine if r["k"] == k and "calls" not in r])) for k in ks}
+        n = {k: next((r["calls"] for r in mine if r["k"] == k and "calls" in r), None) for k in ks}
+        for k in ks:
+            first = next(r for r in mine if r["k"] == k)
+            ratio = f"{n[k] / n[ks[0]]:.3f}" if n[k] and n[ks[0]] else "-"
+            print(f"| {config} | {k} | {first['train rows']} | {first['probe steps']} | {first['checkpoints']} | "
+                  f"{first['stage lines']} | {cpu[k]:.1f} | {cpu[k] / cpu[ks[0]]:.2f} | {n[k] or '-'} | {ratio} |")
+    with open(out / "early.json", "w") as f:
+        json.dump(results, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -484,7 +552,16 @@ def main() -> None:
     parser.add_argument("--show", action="store_true",
                         help="with --stages: every offline stage's row, and what each run's lines claimed")
     parser.add_argument("--lines", action="store_true", help="with --stages: every run's stage lines")
+    parser.add_argument("--early", nargs="+", type=int, default=None,
+                        help="fits of --configs at these transitions.logs_per_doubling, alternated: what logging densely early costs")
+    parser.add_argument("--configs", nargs="+", default=["quickstart_tiny", "induction_tiny"], help="with --early")
+    parser.add_argument("--repeats", type=int, default=2, help="with --early: fits per config and K")
+    parser.add_argument("--calls", action="store_true", help="with --early: also one profiled fit each (Python calls)")
+    parser.add_argument("--fit-flags", default="", help='with --early: more flags for every fit, one string (--fit-flags="--trainer.max_steps 300")')
     args = parser.parse_args()
+    if args.early:
+        early_cost(args.configs, args.early, args.repeats, args.out, args.calls, args.fit_flags.split())
+        return
     if args.stages:
         stages_table(args.stages, args.looks, args.show, args.lines)
         return
