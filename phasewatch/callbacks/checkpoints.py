@@ -36,15 +36,16 @@ from phasewatch.tasks.base import require_int
 
 
 def shared_views(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """`state_dict` with every tensor that views the same memory as an earlier entry, with the
-    same type, dtype, device, shape, strides and `requires_grad`, replaced by that entry's
+    """`state_dict` with every dense tensor that views the same memory as an earlier entry, with
+    the same type, dtype, device, shape, strides and `requires_grad`, replaced by that entry's
     object (in place; returned). `torch.save` writes a tensor's storage once either way, but a
     tensor object once per object: a bridge's state dict repeats each weight under several
-    paths, and pickling each repeat cost most of a weights-only checkpoint's host work
+    paths, whose pickling was about 30% of a weights-only checkpoint's host work
     (bench/README.md, fit_speed). Loaded, every key holds the same values as before."""
     first: dict[tuple, torch.Tensor] = {}
     for key, value in state_dict.items():
-        if isinstance(value, torch.Tensor):
+        # plain dense tensors only: a sparse tensor has no data_ptr, every meta tensor's is 0
+        if type(value) in (torch.Tensor, torch.nn.Parameter) and value.layout == torch.strided and not value.is_meta:
             view = (type(value), value.data_ptr(), value.dtype, value.device, value.shape, value.stride(),
                     value.requires_grad)
             state_dict[key] = first.setdefault(view, value)
