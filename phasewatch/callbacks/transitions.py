@@ -57,11 +57,12 @@ SURE_ENOUGH = 0.95
 #: besides every validation, a look at each step of a log-spaced grid of this many points (the
 #: probes' default schedule: 60), dense early where validations are sparse
 LOOKS = 60
-#: the configs' `transitions.logs_per_doubling`: the training metrics logged at least this many
+#: the `transitions.logs_per_doubling` to ask for (off by default and in the configs for its
+#: cost: docs/phases.md, "When the watcher looks"): the training metrics logged at least this many
 #: times per doubling of the step (every step up to this step, every 2nd up to twice it, ...)
 #: until the trainer's `log_every_n_steps` is denser: the detector fits a change from ~8 points,
-#: and a change early in training spans few steps (quickstart_tiny's memorisation: steps ~20-80,
-#: 4 points by its midpoint when logged every 10 steps)
+#: which a change lasting a doubling then has before its midpoint (quickstart_tiny's memorisation,
+#: steps ~27-55: 1 point by its midpoint when logged every 10 steps)
 LOGS_PER_DOUBLING = 16
 
 
@@ -180,8 +181,8 @@ class TransitionWatcher(pl.Callback):
         every watched series); by default the console gets the stages only (`_stage_line`).
         Every event goes to the loggers either way.
     logs_per_doubling: log the training metrics early on at least this many times per doubling
-        of the step, besides every `trainer.log_every_n_steps` (`logged_at`; the configs give
-        `LOGS_PER_DOUBLING`; 0: not; a population's members log as one: each sets its trainer's).
+        of the step, besides every `trainer.log_every_n_steps` (`logged_at`; 0, the default: not;
+        `LOGS_PER_DOUBLING` to ask for it; a population's members log as one: each sets its trainer's).
     """
 
     def __init__(self, metrics: list[str] | None = None, every_n_validations: int = 1, settle: float = 1.1,
