@@ -162,8 +162,8 @@ def build_members(parser, config: dict[str, Any], seeds: list[int], vary_data: b
 
 #: a validation pass's residual stream on the CPU (floats, over its members): a RASP task's
 #: held-out inputs (reverse: 3,125 of length 6 a member) stacked for 16 or 64 members fall out of
-#: the CPU's caches and the pass slows up to 2x; 2 or 4 members a pass of the real reverse, 12 of
-#: the proxy, every member of a small held-out set (bench/README.md, population, session 17)
+#: the CPU's caches and the pass slows up to 2x; 2 members a pass of the real reverse, 11 of the
+#: proxy, every member of a small held-out set (bench/README.md, population, session 17)
 PASS_FLOATS = 2**21
 
 
@@ -381,7 +381,7 @@ class PopulationModule(pl.LightningModule):
         # the whole stack); a weight the bridge names under several paths once (`shared_views`,
         # as a run alone's checkpoint holds it)
         state = shared_views(member.state_dict())
-        copies = {id(v): v.detach().clone() for v in state.values()}
+        copies = {key: v.detach().clone() for key, v in {id(v): v for v in state.values()}.items()}
         ckpt = {
             "epoch": trainer.current_epoch, "global_step": trainer.global_step,
             "pytorch-lightning_version": pl.__version__,
