@@ -37,8 +37,8 @@ from phasewatch.tasks.base import require_int
 
 def shared_views(state_dict: dict[str, Any]) -> dict[str, Any]:
     """`state_dict` with every dense tensor that views the same memory as an earlier entry, with
-    the same type, dtype, device, shape, strides and `requires_grad`, replaced by that entry's
-    object (in place; returned). `torch.save` writes a tensor's storage once either way, but a
+    the same type, dtype, device, shape, strides, `requires_grad` and conjugate and negative view
+    bits, replaced by that entry's object (in place; returned). `torch.save` writes a tensor's storage once either way, but a
     tensor object once per object: a bridge's state dict repeats each weight under several
     paths, whose pickling was about 30% of a weights-only checkpoint's host work
     (bench/README.md, fit_speed). Loaded, every key holds the same values as before."""
@@ -47,7 +47,7 @@ def shared_views(state_dict: dict[str, Any]) -> dict[str, Any]:
         # plain dense tensors only: a sparse tensor has no data_ptr, every meta tensor's is 0
         if type(value) in (torch.Tensor, torch.nn.Parameter) and value.layout == torch.strided and not value.is_meta:
             view = (type(value), value.data_ptr(), value.dtype, value.device, value.shape, value.stride(),
-                    value.requires_grad)
+                    value.requires_grad, value.is_conj(), value.is_neg())
             state_dict[key] = first.setdefault(view, value)
     return state_dict
 

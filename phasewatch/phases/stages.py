@@ -716,7 +716,8 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     their ids, names and members (live: those already confirmed), their members' events left
     out of the grouping, and more of their changes joined to them (`_absorbed`; stages of their
     phase, `_one_phase`). A piece of a kept stage's change that has moved on (`_still_at`) is
-    grouped as any event; where it makes no stage with other events it joins the kept stage."""
+    grouped as any event; a group of such pieces alone (even of different kept stages) makes no
+    stage, and each of its pieces joins its own kept stage."""
     rules = rules or StageRules()
     kept = {_key(m) for stage in keep for m in stage.members}
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]

@@ -169,9 +169,9 @@ PASS_FLOATS = 2**21
 
 def _members_of(batch: Batch, start: int, size: int) -> Batch:
     """Members `start` to `start + size` of stacked batches."""
-    cut = lambda t: t[start:start + size]  # noqa: E731
-    return Batch(cut(batch.tokens), cut(batch.targets), cut(batch.loss_mask),
-                 {key: cut(value) for key, value in batch.extras.items()})
+    part = slice(start, start + size)
+    return Batch(batch.tokens[part], batch.targets[part], batch.loss_mask[part],
+                 {key: value[part] for key, value in batch.extras.items()})
 
 
 def _key(name: str) -> str:
@@ -235,26 +235,27 @@ class PopulationModule(pl.LightningModule):
         return {name: self.stacked[_key(name)] for name in self._names}
 
     def _member_outputs(self, batch: Batch | list[Batch], counts: bool = True,
-                        cached: bool = False) -> dict[str, torch.Tensor]:
+                        in_passes: bool = False) -> dict[str, torch.Tensor]:
         """Per member (a leading member dimension): the mean loss over answer tokens `loss`
         and, with `counts`, the sums that accuracy and validation need (`loss_sum`, `tokens`,
         `correct`, `seq_ok`). `batch` is one batch for every member (without `vary_data`), the members'
         batches stacked, or a list of them when their shapes differ (a RASP task draws each
-        step's length per member): then one vectorised pass per shape. With `cached`
+        step's length per member): then one vectorised pass per shape. With `in_passes`
         (validation), each shape's pass is cut into passes of `members_per_pass` members."""
         if not isinstance(batch, list):
             params = self.stacked_parameters()
-            return self._vectorised(params, batch, not self.vary_data, counts, cached)
+            return self._vectorised(params, batch, not self.vary_data, counts, in_passes)
         groups: dict[tuple, list[int]] = {}
         for k, b in enumerate(batch):
             groups.setdefault(tuple(b.tokens.shape), []).append(k)
         if len(groups) == 1:
-            return self._member_outputs(stack_batches(batch), counts, cached)
+            return self._member_outputs(stack_batches(batch), counts, in_passes)
         parts, order = [], []
         for members in groups.values():
             index = torch.tensor(members, device=self.device)
             params = {name: self.stacked[_key(name)].index_select(0, index) for name in self._names}
-            parts.append(self._vectorised(params, stack_batches([batch[k] for k in members]), False, counts, cached))
+            stacked = stack_batches([batch[k] for k in members])
+            parts.append(self._vectorised(params, stacked, False, counts, in_passes))
             order += members
         back = torch.argsort(torch.tensor(order, device=self.device))
         return {key: torch.cat([p[key] for p in parts])[back] for key in parts[0]}
@@ -269,13 +270,13 @@ class PopulationModule(pl.LightningModule):
         return max(2, PASS_FLOATS // max(1, positions * self._width))
 
     def _vectorised(self, params: dict[str, torch.Tensor], batch: Batch, one_batch: bool,
-                    counts: bool, cached: bool = False) -> dict[str, torch.Tensor]:
+                    counts: bool, in_passes: bool = False) -> dict[str, torch.Tensor]:
         """`vectorised_outputs` through the plain twin: `one_batch` for every member, or the
-        members' stacked; with `cached`, `members_per_pass` members a pass (member k's
+        members' stacked; with `in_passes`, `members_per_pass` members a pass (member k's
         stack then holds its pass's members: a stack of one runs doubled, as ever)."""
         params = {self._plain_names[name]: p for name, p in params.items()}
         size = next(iter(params.values())).shape[0]
-        step = self.members_per_pass(batch, one_batch) if cached else None
+        step = self.members_per_pass(batch, one_batch) if in_passes else None
         if step is None or step >= size:
             return vectorised_outputs(self._plain, params, batch, one_batch, counts, self.loss_dtype)
         parts = [vectorised_outputs(self._plain, {name: p[start:start + step] for name, p in params.items()},
@@ -337,7 +338,7 @@ class PopulationModule(pl.LightningModule):
         self._val_group = self.task.val_groups()
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        out = self._member_outputs(batch, cached=True)
+        out = self._member_outputs(batch, in_passes=True)
         sums = torch.stack([out[k].double() for k in ("loss_sum", "tokens", "correct", "seq_ok")], dim=-1)
         sizes = [len(b) for b in batch] if isinstance(batch, list) else [batch.tokens.shape[-2]] * len(sums)
         seqs = torch.tensor(sizes, dtype=sums.dtype, device=sums.device)[:, None]

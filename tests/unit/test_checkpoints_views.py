@@ -25,7 +25,9 @@ def test_only_entries_viewing_the_same_memory_alike_become_one_object():
     state = {"a": base.detach(), "row": base[1].detach(), "a_again": base.detach(), "flat": base.view(12).detach(),
              "transposed": base.t().detach(), "row_again": base[1].detach(), "copy": base.clone(),
              "as_int": base.to(torch.int64), "param": weight, "param_detached": weight.detach(), "count": 3,
-             "meta": torch.empty(3, 4, device="meta"), "meta_too": torch.empty(3, 4, device="meta")}
+             "meta": torch.empty(3, 4, device="meta"), "meta_too": torch.empty(3, 4, device="meta"),
+             "complex": torch.tensor([1 + 2j, 3 - 1j]), "conjugate": None}
+    state["conjugate"] = state["complex"].conj()  # the same memory read with the conjugate bit: not the same values
     before = dict(state)
     assert shared_views(state) is state
     assert list(state) == list(before) and state["count"] == 3
@@ -35,7 +37,8 @@ def test_only_entries_viewing_the_same_memory_alike_become_one_object():
     # view (requires_grad differs): each its own
     assert same == {"a": "a", "row": "row", "a_again": "a", "flat": "flat", "transposed": "transposed",
                     "row_again": "row", "copy": "copy", "as_int": "as_int", "param": "param",
-                    "param_detached": "param_detached", "meta": "meta", "meta_too": "meta_too"}
+                    "param_detached": "param_detached", "meta": "meta", "meta_too": "meta_too",
+                    "complex": "complex", "conjugate": "conjugate"}
     for key, value in before.items():
         assert type(state[key]) is type(value)
         if key != "count" and not value.is_meta:

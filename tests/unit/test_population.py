@@ -215,7 +215,7 @@ def test_validation_in_passes_gives_each_member_its_own_values(shared, monkeypat
                         lambda module, params, *a: passes.append(next(iter(params.values())).shape[0])
                         or counted(module, params, *a))
     with torch.no_grad():
-        out = population._member_outputs(batch, cached=True)
+        out = population._member_outputs(batch, in_passes=True)
         assert passes == [2, 2, 1]
         for k, (model, own) in enumerate(zip(plain, batches)):
             logits = model(own.tokens)
