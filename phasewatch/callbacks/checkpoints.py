@@ -38,10 +38,10 @@ from phasewatch.tasks.base import require_int
 def shared_views(state_dict: dict[str, Any]) -> dict[str, Any]:
     """`state_dict` with every dense tensor that views the same memory as an earlier entry, with
     the same type, dtype, device, shape, strides, `requires_grad` and conjugate and negative view
-    bits, replaced by that entry's object (in place; returned). `torch.save` writes a tensor's storage once either way, but a
-    tensor object once per object: a bridge's state dict repeats each weight under several
-    paths, whose pickling was about 30% of a weights-only checkpoint's host work
-    (bench/README.md, fit_speed). Loaded, every key holds the same values as before."""
+    bits, replaced by that entry's object (in place; returned). `torch.save` writes a tensor's
+    storage once either way, but a tensor object once per object: a bridge's state dict repeats
+    each weight under several paths, whose pickling was about 30% of a weights-only checkpoint's
+    host work (bench/README.md, fit_speed). Loaded, every key holds the same values as before."""
     first: dict[tuple, torch.Tensor] = {}
     for key, value in state_dict.items():
         # plain dense tensors only: a sparse tensor has no data_ptr, every meta tensor's is 0

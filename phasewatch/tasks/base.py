@@ -53,7 +53,7 @@ class Batch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
-        """A copy in pinned host memory (what a DataLoader with `pin_memory` calls)."""
+        """A copy in page-locked memory (the DataLoader calls it with pin_memory=True)."""
         return self._map(torch.Tensor.pin_memory)
 
     def spread(self, n: int) -> "Batch":
@@ -62,15 +62,9 @@ class Batch:
             return self
         return self.take(spread_index(len(self), n))
 
-    def take(self, index: Tensor) -> "Batch":
-        """The sequences at `index` (a 1-d tensor of row numbers), in its order."""
-        return Batch(self.tokens[index], self.targets[index], self.loss_mask[index],
-                     {k: v[index] for k, v in self.extras.items()})
-
-    def pin_memory(self) -> "Batch":
-        """A copy in page-locked memory (the DataLoader calls it with pin_memory=True)."""
-        return Batch(self.tokens.pin_memory(), self.targets.pin_memory(), self.loss_mask.pin_memory(),
-                     {k: v.pin_memory() for k, v in self.extras.items()})
+    def take(self, index: Tensor | slice) -> "Batch":
+        """The sequences at `index` (a 1-d tensor of row numbers, in its order, or a slice: views)."""
+        return self._map(lambda t: t[index])
 
 
 def spread_index(size: int, n: int) -> Tensor:

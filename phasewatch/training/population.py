@@ -167,13 +167,6 @@ def build_members(parser, config: dict[str, Any], seeds: list[int], vary_data: b
 PASS_FLOATS = 2**21
 
 
-def _members_of(batch: Batch, start: int, size: int) -> Batch:
-    """Members `start` to `start + size` of stacked batches."""
-    part = slice(start, start + size)
-    return Batch(batch.tokens[part], batch.targets[part], batch.loss_mask[part],
-                 {key: value[part] for key, value in batch.extras.items()})
-
-
 def _key(name: str) -> str:
     return name.replace(".", "__")  # parameter names may not hold dots
 
@@ -280,7 +273,7 @@ class PopulationModule(pl.LightningModule):
         if step is None or step >= size:
             return vectorised_outputs(self._plain, params, batch, one_batch, counts, self.loss_dtype)
         parts = [vectorised_outputs(self._plain, {name: p[start:start + step] for name, p in params.items()},
-                                    batch if one_batch else _members_of(batch, start, step), one_batch, counts,
+                                    batch if one_batch else batch.take(slice(start, start + step)), one_batch, counts,
                                     self.loss_dtype)
                  for start in range(0, size, step)]
         return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
@@ -382,7 +375,7 @@ class PopulationModule(pl.LightningModule):
         # the whole stack); a weight the bridge names under several paths once (`shared_views`,
         # as a run alone's checkpoint holds it)
         state = shared_views(member.state_dict())
-        copies = {key: v.detach().clone() for key, v in {id(v): v for v in state.values()}.items()}
+        copies = {ident: v.detach().clone() for ident, v in {id(v): v for v in state.values()}.items()}
         ckpt = {
             "epoch": trainer.current_epoch, "global_step": trainer.global_step,
             "pytorch-lightning_version": pl.__version__,
