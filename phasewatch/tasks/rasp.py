@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from phasewatch.tasks import tracr_programs
@@ -53,21 +54,45 @@ def _all_inputs(vocab, unique_tokens: bool, n: int):
     return itertools.permutations(vocab, n) if unique_tokens else itertools.product(vocab, repeat=n)
 
 
+#: (program, vocab, max_seq_len) -> length -> every input of that length encoded, in enumeration
+#: order (tokens, targets, which rows are filled): each input encoded once, when first drawn or held
+#: out, for every task of the program in the process (`RaspTask._encoded`)
+_ENCODED: dict[tuple, dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+
+@functools.lru_cache(maxsize=32)
+def _enumerated(vocab: tuple, unique_tokens: bool, n: int) -> tuple[tuple, list[bytes]]:
+    """Every input of length n in enumeration order, and what `split_score` hashes of each after
+    the seed: listed once in the process for every data seed."""
+    inputs = tuple(_all_inputs(vocab, unique_tokens, n))
+    return inputs, [f"|{xs!r}".encode() for xs in inputs]
+
+
+def _scores(seed: int, messages: list[bytes]) -> np.ndarray:
+    """`split_score(seed, xs)` of every input (`_enumerated`'s messages), equal to it: the
+    digests read as big-endian 64-bit integers, each rounded once to a float64 as Python's
+    int / 2**64 rounds it (tested)."""
+    prefix = str(seed).encode()
+    digests = b"".join(hashlib.blake2b(prefix + m, digest_size=8).digest() for m in messages)
+    return np.frombuffer(digests, dtype=">u8").astype(np.float64) / 2.0**64
+
+
 @functools.lru_cache(maxsize=16)
-def _split_by_score(seed: int, vocab: tuple, unique_tokens: bool, n: int, n_held: int) -> tuple[float, tuple, tuple]:
-    """(threshold, held-out inputs, training inputs) of length n: the `n_held` inputs of smallest
-    `split_score` held out (ties in enumeration order, as a stable sort by score), each part in
-    enumeration order. Kept for the process: the same data seed splits alike (a population whose
-    members share their data; a member re-run alone)."""
-    inputs = list(_all_inputs(vocab, unique_tokens, n))
-    scores = [split_score(seed, xs) for xs in inputs]
-    ranked = sorted(range(len(inputs)), key=scores.__getitem__)
-    is_held = [False] * len(inputs)
-    for i in ranked[:n_held]:
-        is_held[i] = True
-    held = tuple(xs for xs, out in zip(inputs, is_held) if out)
-    train = tuple(xs for xs, out in zip(inputs, is_held) if not out)
-    return (scores[ranked[n_held - 1]] + scores[ranked[n_held]]) / 2, held, train
+def _split_by_score(seed: int, vocab: tuple, unique_tokens: bool, n: int, n_held: int
+                    ) -> tuple[float, torch.Tensor, tuple, torch.Tensor]:
+    """(threshold, the held-out inputs' indices, the training inputs, their indices) of length n
+    (indices in enumeration order, `_enumerated`): the `n_held` inputs of smallest `split_score`
+    held out (ties in enumeration order, as a stable sort by score), each part in enumeration
+    order. Kept for the process: the same data seed splits alike (a population whose members
+    share their data; a member re-run alone)."""
+    inputs, messages = _enumerated(vocab, unique_tokens, n)
+    scores = _scores(seed, messages)
+    ranked = np.argsort(scores, kind="stable")
+    is_held = np.zeros(len(inputs), dtype=bool)
+    is_held[ranked[:n_held]] = True
+    held, train = np.flatnonzero(is_held), np.flatnonzero(~is_held)
+    threshold = (float(scores[ranked[n_held - 1]]) + float(scores[ranked[n_held]])) / 2
+    return threshold, torch.from_numpy(held), tuple(inputs[i] for i in train), torch.from_numpy(train)
 
 
 def _checked_lengths(spec, max_seq_len: int | None, min_seq_len: int,
@@ -139,8 +164,9 @@ class RaspTask(Task):
         self.batch_size, self.n_val_per_length, self.seed = batch_size, n_val_per_length, seed
         self._load_program(spec, vocab)
         self._memo = _OUTPUTS.setdefault((program, tuple(self.vocab), max_len), {})
+        self._encoded = _ENCODED.setdefault((program, tuple(self.vocab), max_len), {})  # `_encoded_batch`
         self._train_pool: dict[int, Sequence[tuple] | None] = {}  # length -> its training inputs (None: by threshold)
-        self._encoded_pool: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # `_pool_batch`
+        self._train_index: dict[int, torch.Tensor] = {}  # length -> its training inputs' indices (`_enumerated`)
         self._threshold: dict[int, float] = {}  # length -> held out when split_score < this
         self.unsplit_lengths: list[int] = []
         self._val, self._groups = self._validation_sets()
@@ -164,8 +190,8 @@ class RaspTask(Task):
         val, groups = [], []
         for n in range(self.min_seq_len, self.train_max_seq_len + 1):
             held_out = self._split(n)
-            if held_out:
-                val.append(self.encode(held_out))
+            if held_out is not None:
+                val.append(held_out)
                 groups.append("val")
         for n in range(self.train_max_seq_len + 1, self.max_seq_len + 1):
             val.append(self.encode(self._unseen_inputs(n)))
@@ -190,24 +216,25 @@ class RaspTask(Task):
         """Every input of length n (an iterator)."""
         return _all_inputs(self.vocab, self.unique_tokens, n)
 
-    def _split(self, n: int) -> list[tuple]:
-        """Split the inputs of length n; return the held-out ones to validate on."""
+    def _split(self, n: int) -> Batch | None:
+        """Split the inputs of length n; return the held-out ones to validate on (encoded), None
+        for a length too small to split."""
         size = self.input_count(n)
         if size > MAX_ENUMERATED:  # too many to list: held out when the score falls below the fraction
             self._train_pool[n], self._threshold[n] = None, self.val_fraction
-            return self._sample_held_out(n)
+            held = self._sample_held_out(n)
+            return self.encode(held) if held else None
         n_held = round(self.val_fraction * size)
         if n_held < 1 or n_held >= size:
             self.unsplit_lengths.append(n)
             self._train_pool[n], self._threshold[n] = list(self.all_inputs(n)), 0.0
-            return []
-        self._threshold[n], held, self._train_pool[n] = _split_by_score(self.seed, tuple(self.vocab),
-                                                                         self.unique_tokens, n, n_held)
-        held = list(held)
-        if len(held) <= max(self.n_val_per_length, MAX_EXHAUSTIVE_VAL):
-            return held
-        keep = torch.linspace(0, len(held) - 1, self.n_val_per_length).round().long().unique().tolist()
-        return [held[i] for i in keep]
+            self._train_index[n] = torch.arange(size)
+            return None
+        self._threshold[n], held, self._train_pool[n], self._train_index[n] = _split_by_score(
+            self.seed, tuple(self.vocab), self.unique_tokens, n, n_held)
+        if len(held) > max(self.n_val_per_length, MAX_EXHAUSTIVE_VAL):
+            held = held[torch.linspace(0, len(held) - 1, self.n_val_per_length).round().long().unique()]
+        return self._encoded_batch(n, held)
 
     def all_inputs_order(self, xs: tuple) -> tuple:
         """Sort key putting inputs in enumeration order (vocab order per position)."""
@@ -312,26 +339,28 @@ class RaspTask(Task):
         size, pool = batch_size or self.batch_size, self._train_pool[n]
         if pool is None:  # drawn by rejection from a length too large to list
             return self.encode(self.train_inputs(g, n, size))
-        return self._pool_batch(n, torch.randint(0, len(pool), (size,), generator=g))  # `train_inputs`' draw
+        index = torch.randint(0, len(pool), (size,), generator=g)  # `train_inputs`' draw
+        return self._encoded_batch(n, self._train_index[n][index])
 
-    def _pool_batch(self, n: int, index: torch.Tensor) -> Batch:
-        """`encode` of the inputs `index` of length n's training pool: each input is encoded
-        once, when it is first drawn (a short run draws a small part of a large pool), so that
-        a batch is one index into the pool's tensors."""
-        pool = self._train_pool[n]
-        if n not in self._encoded_pool:
-            tokens = torch.zeros((len(pool), n + 1), dtype=torch.long)
-            self._encoded_pool[n] = (tokens, torch.zeros_like(tokens), torch.zeros(len(pool), dtype=torch.bool))
-        tokens, targets, known = self._encoded_pool[n]
-        new = index[~known[index]].unique()
+    def _encoded_batch(self, n: int, rows: torch.Tensor) -> Batch:
+        """`encode` of the inputs `rows` (indices in enumeration order, `_enumerated`) of length
+        n: each input is encoded once in the process, for every task of the program (`_ENCODED`),
+        when it is first drawn or held out (a short run draws a small part of a length), so that
+        a batch is one index into the length's tensors."""
+        if n not in self._encoded:
+            tokens = torch.zeros((self.input_count(n), n + 1), dtype=torch.long)
+            self._encoded[n] = (tokens, torch.zeros_like(tokens), torch.zeros(len(tokens), dtype=torch.bool))
+        tokens, targets, known = self._encoded[n]
+        new = rows[~known[rows]].unique()
         if len(new):
-            drawn = [pool[i] for i in new.tolist()]
+            inputs = _enumerated(tuple(self.vocab), self.unique_tokens, n)[0]
+            drawn = [inputs[i] for i in new.tolist()]
             tokens[new] = torch.tensor([[self.bos] + [self.encoding[v] for v in xs] for xs in drawn], dtype=torch.long)
             targets[new, 1:] = torch.tensor([self.output_ids(xs) for xs in drawn], dtype=torch.long)
             known[new] = True
-        mask = torch.ones((len(index), n + 1), dtype=torch.bool)
+        mask = torch.ones((len(rows), n + 1), dtype=torch.bool)
         mask[:, 0] = False
-        return Batch(tokens[index], targets[index], mask, {"length": torch.full((len(index),), n)})
+        return Batch(tokens[rows], targets[rows], mask, {"length": torch.full((len(rows),), n)})
 
     def val_batches(self) -> list[Batch]:
         return self._val
