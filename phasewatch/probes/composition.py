@@ -40,15 +40,21 @@ def composition_matrix(
     """score(u1 v1, u2 v2) for every pair: ||u1 (v1 u2) v2|| / (||u1 v1|| ||u2 v2||); 0 where
     a matrix is zero (a head that writes or reads nothing composes with nothing, e.g. one
     writing only along the all-ones direction, which LayerNorm's centring removes)."""
+    m = torch.einsum("ard,bds->abrs", v1, u2)  # (n1, n2, r, r)
+    return _scores(u1, v1, u2, v2, m, pairs=False)
+
+
+def _scores(u1: Tensor, v1: Tensor, u2: Tensor, v2: Tensor, m: Tensor, pairs: bool) -> Tensor:
+    """`composition_matrix` given m = v1 u2: of every (first, second) matrix, m (n1, n2, r, r);
+    or, `pairs`, of the first and the second of each pair i only, m (n, r, r)."""
     g1 = u1.transpose(-2, -1) @ u1  # (n1, r, r)
     g2 = v2 @ v2.transpose(-2, -1)  # (n2, r, r)
-    m = torch.einsum("ard,bds->abrs", v1, u2)  # (n1, n2, r, r)
     # ||u1 m v2||^2 = tr(m^T g1 m g2) = sum of the entries of (g1 m) * (m g2), g1 being symmetric
     # (two batched products: a four-operand einsum searches its contraction path at every call)
-    prod = ((g1[:, None] @ m) * (m @ g2[None])).sum((-2, -1))
-    n1 = factored_norm_sq(u1, v1)
-    n2 = factored_norm_sq(u2, v2)
-    denominator = n1.clamp_min(0).sqrt()[:, None] * n2.clamp_min(0).sqrt()[None, :]
+    prod = ((g1 @ m) * (m @ g2)).sum((-2, -1)) if pairs else ((g1[:, None] @ m) * (m @ g2[None])).sum((-2, -1))
+    n1 = factored_norm_sq(u1, v1).clamp_min(0).sqrt()
+    n2 = factored_norm_sq(u2, v2).clamp_min(0).sqrt()
+    denominator = n1 * n2 if pairs else n1[:, None] * n2[None, :]
     return torch.where(denominator > 0, prod.clamp_min(0).sqrt() / denominator.clamp_min(1e-300), 0.0)
 
 
@@ -111,9 +117,10 @@ def random_baseline(d_model: int, d_head: int, samples: int = 256, seed: int = 0
     """Mean composition score of Gaussian matrices shaped like two heads' W_V W_O
     (computed once per shape)."""
     g = torch.Generator().manual_seed(seed)
-    mats = [torch.randn(samples, *shape, generator=g, dtype=torch.float64)
-            for shape in ((d_model, d_head), (d_head, d_model), (d_model, d_head), (d_head, d_model))]
-    return float(torch.diagonal(composition_matrix(*mats)).mean())
+    u1, v1, u2, v2 = [torch.randn(samples, *shape, generator=g, dtype=torch.float64)
+                      for shape in ((d_model, d_head), (d_head, d_model), (d_model, d_head), (d_head, d_model))]
+    # sample i's pair only (the diagonal of `composition_matrix`, not all samples^2 pairs)
+    return float(_scores(u1, v1, u2, v2, v1 @ u2, pairs=True).mean())
 
 
 #: a pair composes when its score is this many times the random baseline
@@ -130,11 +137,12 @@ def composition_probe_values(model, factor: float = COMPOSE_FACTOR, scores: dict
     out: dict = {"comp/baseline": baseline, "comp/baseline_analytic": 1 / math.sqrt(d_model)}
     for kind, s in scores.items():
         n_layers, n_heads = s.shape[:2]
+        values = s.tolist()  # one conversion, not one per pair
         for l1 in range(n_layers):
             for h1 in range(n_heads):
                 for l2 in range(l1 + 1, n_layers):
                     for h2 in range(n_heads):
-                        out[f"comp/{kind}/{head_label(l1, h1)}-{head_label(l2, h2)}"] = float(s[l1, h1, l2, h2])
+                        out[f"comp/{kind}/{head_label(l1, h1)}-{head_label(l2, h2)}"] = values[l1][h1][l2][h2]
         if n_layers > 1:
             out[f"comp/{kind}/max"] = float(torch.nan_to_num(s, nan=-1.0).max())
         pairs = [f"{head_label(a, b)}-{head_label(c, d)}"

@@ -173,9 +173,10 @@ def head_probe_values(model, vocab_size: int, bos: int, n_ctx: int,
     result = head_scores(model, vocab_size, bos, n_ctx, read=read)
     out: dict = {k: result[k] for k in ("icl/loss_gap", "icl/first_copy_loss", "icl/second_copy_loss")}
     for kind, s in result["scores"].items():
+        values = s.tolist()  # one conversion, not one per head
         for layer in range(s.shape[0]):
             for head in range(s.shape[1]):
-                out[f"heads/{kind}/{head_label(layer, head)}"] = float(s[layer, head])
+                out[f"heads/{kind}/{head_label(layer, head)}"] = values[layer][head]
         out[f"heads/{kind}/max"] = float(s.max())
         out[kind] = s
     for kind, labels in classify(result["scores"], {**THRESHOLDS, **(thresholds or {})}).items():

@@ -44,6 +44,18 @@ def test_random_baseline_is_one_over_sqrt_d_model_whatever_d_head():
         assert random_baseline(d_model, d_head) == pytest.approx(1 / math.sqrt(d_model), rel=0.05)
 
 
+def test_random_baseline_scores_each_sample_pair_by_the_definition():
+    """The baseline scores sample i's two matrices only (not every pair of samples): the mean of
+    ||A_i B_i|| / (||A_i|| ||B_i||) from the dense d_model x d_model products, drawn alike."""
+    d_model, d_head, samples = 12, 3, 16
+    g = torch.Generator().manual_seed(5)
+    u1, v1, u2, v2 = [torch.randn(samples, *shape, generator=g, dtype=torch.float64)
+                      for shape in ((d_model, d_head), (d_head, d_model), (d_model, d_head), (d_head, d_model))]
+    a, b = u1 @ v1, u2 @ v2
+    plain = (torch.linalg.matrix_norm(a @ b) / (torch.linalg.matrix_norm(a) * torch.linalg.matrix_norm(b))).mean()
+    assert random_baseline.__wrapped__(d_model, d_head, samples, seed=5) == pytest.approx(float(plain), rel=1e-12)
+
+
 @pytest.mark.parametrize("normalization", ["LN", "RMS"])
 def test_norm_scale_is_folded_into_the_reading_head(normalization):
     model = build_model(ModelConfig(n_layers=2, normalization=normalization), make_task("rasp"))

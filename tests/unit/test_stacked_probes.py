@@ -123,8 +123,17 @@ def test_a_population_measures_a_stacked_probe_once_per_step_for_the_members_tha
 
 def test_measure_switches_to_eval_only_for_a_probe_that_runs_on_the_model():
     """A probe given over stacked weights leaves the model's mode alone (switching a bridge
-    costs ~6 ms); one that runs on the model sees it in eval mode; the mode is put back."""
+    costs ~6 ms); one that runs on the model sees every module in eval mode, each set once;
+    each module's own mode is put back (a submodule in eval mode stays so)."""
     from phasewatch.callbacks.probes import measure
+
+    switches = []
+
+    class Counted(torch.nn.Linear):
+        def __setattr__(self, name, value):
+            if name == "training":
+                switches.append(value)
+            super().__setattr__(name, value)
 
     class Probe:
         initial = False
@@ -133,14 +142,15 @@ def test_measure_switches_to_eval_only_for_a_probe_that_runs_on_the_model():
             self.name, self.modes = name, []
 
         def __call__(self, model, task, **options):
-            self.modes.append(model.training)
+            self.modes.append([m.training for m in model.modules()])
             return {f"{self.name}/x": 1.0}
 
-    model, switches = torch.nn.Linear(2, 2), []
-    model.train = lambda mode=True: switches.append(mode) or torch.nn.Module.train(model, mode)
+    model = torch.nn.Sequential(Counted(2, 2), torch.nn.Linear(2, 2))
+    model[1].eval()
+    switches.clear()
     given, own = Probe("given"), Probe("own")
     out = measure(model, None, [given], {}, given=lambda name, options: {"given/x": 2.0})
     assert out == {"given": {"given/x": 2.0}} and switches == [] and model.training and given.modes == []
     out = measure(model, None, [given, own], {}, given=lambda name, options: {"given/x": 2.0} if name == "given" else None)
-    assert out == {"given": {"given/x": 2.0}, "own": {"own/x": 1.0}} and own.modes == [False]
-    assert model.training and switches == [False, True]
+    assert out == {"given": {"given/x": 2.0}, "own": {"own/x": 1.0}} and own.modes == [[False, False, False]]
+    assert [m.training for m in model.modules()] == [True, True, False] and switches == [False, True]
