@@ -6,9 +6,9 @@ transition watcher has an onset pending, the steps of its dense grid (`dense_now
 most `dense_per_decade` per tenfold of steps. The steps of an explicit `schedule` are resume points
 and hold the full state; every other step checkpoint exists for post-hoc probes and holds the
 weights only (`weights_only` overrides both). `last.ckpt` always holds the full state: it is
-refreshed every `last_every` steps, at the end, and at the step where SIGTERM arrived. At a step
-where validation runs, the save waits until validation has logged. Every file is written under a
-temporary name and renamed into place; a full disk stops the run with one line (DiskFull).
+refreshed every `last_every` steps, once at the end, and at the step where SIGTERM arrived. At
+a step where validation runs, the save waits until validation has logged. Every file is written
+under a temporary name and renamed into place; a full disk stops the run with one line (DiskFull).
 
 Resume without gaps or duplicates: a full checkpoint stores every `CheckpointStateLogger`'s
 `checkpoint_state()`; on resume `restore_checkpoint_state(state, step)` cuts what was logged after
@@ -154,11 +154,14 @@ class ScheduledCheckpoints(Checkpoint):
 
     def _save_due(self, trainer: pl.Trainer) -> None:
         step = trainer.global_step
-        last_due = step % self.last_every == 0 or getattr(trainer, "received_sigterm", False)
+        sigterm = getattr(trainer, "received_sigterm", False)
+        # the last step's last.ckpt is the one `on_train_end` writes (after the watcher's final look)
+        ends = 0 < trainer.max_steps <= step and not sigterm
+        last_due = sigterm or (step % self.last_every == 0 and not ends)
         scheduled = step in self._steps
         if scheduled or (dense_now(trainer) and self._dense_kept(step)):
             light = self.light(scheduled)
-            self._save(trainer, checkpoint_name(step), light, copy_to_last=not light)
+            self._save(trainer, checkpoint_name(step), light, copy_to_last=not light and not ends)
             if light and last_due:
                 self._save(trainer, LAST_CHECKPOINT)
         elif last_due:

@@ -587,9 +587,11 @@ def adamw_with_warmup(params, hp: Mapping[str, Any], fused: bool) -> dict[str, A
     """AdamW and its linear warm-up, lr * min(step / warmup_steps, 1), stepped every step: what
     `configure_optimizers` returns for TrainModule and PopulationModule. `hp` holds `lr`,
     `weight_decay`, `betas` and `warmup_steps`. With `fused` (on accelerators) AdamW runs as
-    one kernel per step and can skip a step on the device (its `found_inf`)."""
+    one kernel per step and can skip a step on the device (its `found_inf`); otherwise each of its
+    operations is one call over all tensors (`foreach`: on the CPU, the same updates bit for bit as
+    PyTorch's default for-loop there, in fewer host calls; tests/unit/test_adamw_foreach.py)."""
     opt = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"], betas=tuple(hp["betas"]),
-                            fused=True if fused else None)
+                            fused=True if fused else None, foreach=None if fused else True)
     warmup = hp["warmup_steps"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / warmup) if warmup else 1.0)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

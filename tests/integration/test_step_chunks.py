@@ -109,3 +109,38 @@ def test_validation_runs_every_module_in_eval_mode_and_training_resumes_in_train
     monkeypatch.setattr(TrainModule, "validation_step", validating)
     fit(tmp_path / "run", True, monkeypatch, "--probes.names", "[]", "--trainer.max_steps", "21")
     assert seen == {"train": {True}, "val": {False}}
+
+
+def test_a_fit_trains_as_with_the_for_loop_adamw(tmp_path, monkeypatch):
+    """The CPU's AdamW over all tensors at once (`adamw_with_warmup`'s `foreach`) against
+    PyTorch's for-loop AdamW: every checkpoint's weights bit for bit (tests/unit/
+    test_adamw_foreach.py: each shipped config's model, a population's stacked weights)."""
+    short = ["--probes.names", "[]", "--trainer.max_steps", "14"]
+    fit(tmp_path / "foreach", True, monkeypatch, *short)
+    adamw = torch.optim.AdamW
+    monkeypatch.setattr(torch.optim, "AdamW", lambda *a, **k: adamw(*a, **{**k, "foreach": False}))
+    fit(tmp_path / "for-loop", True, monkeypatch, *short)
+    saved = checkpoints(tmp_path / "for-loop")
+    assert len(saved) >= 3 and checkpoints(tmp_path / "foreach") == saved
+
+
+def test_last_ckpt_is_written_once_at_the_end(tmp_path, monkeypatch):
+    """28 steps, last.ckpt due every 7 (and a copy of the schedule's full checkpoints at 0 and
+    13): refreshed at 7, 14, 21 and once at 28 (by `on_train_end`, after the watcher's final
+    look: it holds the watcher's final state), not also by the last step's own refresh."""
+    from phasewatch.callbacks.checkpoints import ScheduledCheckpoints
+
+    written, save = [], ScheduledCheckpoints._save
+
+    def recorded(self, trainer, name, weights_only=False, copy_to_last=False):
+        if name == "last.ckpt" or copy_to_last:
+            written.append(trainer.global_step)
+        return save(self, trainer, name, weights_only, copy_to_last)
+
+    monkeypatch.setattr(ScheduledCheckpoints, "_save", recorded)
+    run = tmp_path / "run"
+    fit(run, True, monkeypatch, "--probes.names", "[]", "--trainer.max_steps", "28")
+    assert written == [0, 7, 13, 14, 21, 28]
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    watcher = next(v for k, v in last["callbacks"].items() if "TransitionWatcher" in k)
+    assert last["global_step"] == 28 and not watcher["pending"]  # the final look leaves nothing pending
