@@ -71,6 +71,7 @@ class ProbeRunner(pl.Callback):
         self._due_steps: set[int] = set()
         self._keys: dict[str, set[str]] = {}  # probe -> the scalar keys it has logged (which series are whose)
         self._validated_at: int | None = None
+        self._held_out: HeldOutLogits | None = None  # validation's logits, while it runs
         self._initial = None  # a frozen copy of the model at step 0, for `initial` probes
         self._initial_state: dict | None = None  # its weights, restored from a checkpoint
         #: (probe name, options, step) -> this run's values of a probe measured over stacked
@@ -143,22 +144,35 @@ class ProbeRunner(pl.Callback):
             print(f"phasewatch: {member + ': ' if member else ''}probes took {self.clock.share():.1%} of the run's "
                   f"other time; adaptive resolution added {self.clock.extra} probe runs{left}")
 
+    def _at_validation(self) -> list:
+        """The probes that run at every validation's end."""
+        return [p for p in self._probes if p.cheap and p.name not in self._own_steps] if self.every_validation else []
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # a probe that reads the held-out set's logits at the end gets validation's (one pass, not two)
+        if self._held_out is not None:  # a validation that did not end
+            self._held_out.close()
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and any(p.held_out for p in self._at_validation()):
+            self._held_out = HeldOutLogits(pl_module.model)
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        held_out, self._held_out = self._held_out, None
+        logits = None if held_out is None else held_out.logits(pl_module.task)
         if trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         self._validated_at = trainer.global_step
-        if self.every_validation:
-            self._run(trainer, pl_module, [p for p in self._probes if p.cheap and p.name not in self._own_steps])
+        self._run(trainer, pl_module, self._at_validation(), logits)
 
     # --- what ---------------------------------------------------------------------
 
-    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, probes: list) -> None:
+    def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, probes: list,
+             held_out: list[torch.Tensor] | None = None) -> None:
         if not probes:
             return
         step = trainer.global_step
         given = None if self.stacked is None else (lambda name, options: self.stacked(name, options, step))
         results = measure(pl_module.model, pl_module.task, probes, self.options, self._initial_model(pl_module, step),
-                          self.clock, given)
+                          self.clock, given, held_out)
         scalars = record_results(results, run_folder(trainer), step)
         for name, values in results.items():
             self._keys.setdefault(name, set()).update(k for k in values if k in scalars)
@@ -215,11 +229,13 @@ def frozen_copy(model):
 
 def measure(model, task, probes: list, options: dict[str, dict], initial=None,
             clock: "ProbeClock | None" = None,
-            given: Callable[[str, dict], dict | None] | None = None) -> dict[str, dict[str, Any]]:
+            given: Callable[[str, dict], dict | None] | None = None,
+            held_out: list[torch.Tensor] | None = None) -> dict[str, dict[str, Any]]:
     """Each probe's values on the model (in eval mode, without gradients; its mode is
     restored afterwards). Probes that want the run's step-0 model get `initial`. Each
     probe's time goes to `clock` when given. `given(name, options)`: a probe's values
-    measured otherwise (over a population's stacked weights), None to run the probe."""
+    measured otherwise (over a population's stacked weights), None to run the probe.
+    `held_out`: the model's logits on the task's held-out batches, for `held_out` probes."""
     modes: list[tuple[torch.nn.Module, bool]] = []  # each module's mode before the probes
     out = {}
     try:
@@ -231,7 +247,10 @@ def measure(model, task, probes: list, options: dict[str, dict], initial=None,
                 if values is None:
                     if not modes:  # (switched only for a probe that runs on the model)
                         modes = eval_mode(model)
-                    values = p(model, task, **own, **({"initial": initial} if p.initial else {}))
+                    extra = {"initial": initial} if p.initial else {}
+                    if held_out is not None and getattr(p, "held_out", False):
+                        extra["held_out_logits"] = held_out
+                    values = p(model, task, **own, **extra)
                 out[p.name] = values
                 if clock is not None:
                     clock.record(p.name, time.perf_counter() - started)
@@ -251,6 +270,31 @@ def eval_mode(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
     for module in modules:
         module.training = False
     return modes
+
+
+class HeldOutLogits:
+    """The logits of one validation's passes (a forward hook on the model's native module,
+    which `TrainModule.validation_step` runs on each held-out batch), for the `held_out` probes
+    that run at its end: the same numbers as their own pass, which they then skip."""
+
+    def __init__(self, model):
+        self.seen: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+        self._handle = native_module(model).register_forward_hook(
+            lambda module, args, output: self.seen.append((args[0] if args else None, output)))
+
+    def logits(self, task) -> list[torch.Tensor] | None:
+        """The logits of each of `task.val_batches()`, in order; None unless the passes were
+        exactly those batches (e.g. a population's validation, which runs otherwise). Stops
+        keeping them."""
+        self.close()
+        batches, seen, self.seen = task.val_batches(), self.seen, []
+        same = len(seen) == len(batches) and all(
+            tokens is not None and tokens.shape == batch.tokens.shape and torch.equal(tokens.cpu(), batch.tokens)
+            for (tokens, _), batch in zip(seen, batches))
+        return [logits for _, logits in seen] if same else None
+
+    def close(self) -> None:
+        self._handle.remove()
 
 
 class StackedProbes:

@@ -10,15 +10,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from phasewatch.models import native_module
 from phasewatch.probes.keys import KeyFamilies, Panel
 from phasewatch.probes.registry import register_probe
 from phasewatch.tasks.digit_addition import DigitAddition
 
 
 @torch.no_grad()
-def per_token_metrics(model, task: DigitAddition) -> dict[str, float]:
+def per_token_metrics(model, task: DigitAddition, held_out_logits: list[torch.Tensor] | None = None) -> dict[str, float]:
+    """The keys above; `held_out_logits`: the model's logits on the held-out batch, computed
+    already (by validation at the same step), else computed here as validation does."""
     (batch,) = task.val_batches()
-    logits = model(batch.tokens.to(next(model.parameters()).device)).float().cpu()
+    if held_out_logits is None:
+        held_out_logits = [native_module(model)(batch.tokens.to(next(model.parameters()).device))]
+    logits = held_out_logits[0].float().cpu()
     out: dict[str, float] = {}
     for i, pos in enumerate(task.answer_positions):
         target = batch.targets[:, pos]
@@ -31,7 +36,8 @@ KEYS = KeyFamilies(panels=(Panel("loss per answer token", "digits/loss/", log_y=
                           Panel("accuracy per answer token", "digits/acc/")))
 
 
-@register_probe("digit_tokens", applies_to=lambda task: isinstance(task, DigitAddition), cheap=True, keys=KEYS)
-def digit_tokens_probe(model, task: DigitAddition) -> dict[str, float]:
+@register_probe("digit_tokens", applies_to=lambda task: isinstance(task, DigitAddition), cheap=True, keys=KEYS,
+                held_out=True)
+def digit_tokens_probe(model, task: DigitAddition, held_out_logits: list[torch.Tensor] | None = None) -> dict[str, float]:
     """`per_token_metrics`: `digits/loss/<i>`, `digits/acc/<i>`."""
-    return per_token_metrics(model, task)
+    return per_token_metrics(model, task, held_out_logits)

@@ -9,7 +9,9 @@ probes may run at every validation; `schedule` is its own, used when the run giv
 {"kind": "log", "count": 24}); an `initial` probe also receives the run's step-0 weights as the
 keyword `initial`; `final_options(model, task, options)` completes a finished run's options from
 its last checkpoint (`analyze`); `keys` declares what its metric keys mean (probes/keys.py).
-`get_probe`, `probe_names`, `default_probes` and `check_options` read the registry. Probes of
+A `held_out` probe may receive its model's logits on the task's held-out batches, computed
+already, as the keyword `held_out_logits`. `get_probe`, `probe_names`, `default_probes` and
+`check_options` read the registry. Probes of
 other packages plug in by entry point (group `phasewatch.probes`) or dotted name (plugins.py).
 """
 
@@ -34,6 +36,9 @@ class Probe:
     schedule: dict | None = None  # its own default schedule (callbacks.schedule.Schedule fields)
     initial: bool = False  # takes the run's step-0 model as the keyword `initial`
     final_options: Callable[[Any, Task, dict], dict] | None = None  # its options for a finished run
+    #: may take `held_out_logits`: the model's logits on each of `task.val_batches()` (its native
+    #: module's output in eval mode, as validation computes them), given when computed already
+    held_out: bool = False
 
     def __call__(self, model, task: Task, **options: Any) -> dict[str, Any]:
         try:
@@ -51,7 +56,7 @@ _PROBES: dict[str, Probe] = {}
 def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = False,
                    default: bool | Callable[[Task], bool] = True, schedule: dict | None = None,
                    keys: KeyFamilies | None = None, initial: bool = False,
-                   final_options: Callable[[Any, Task, dict], dict] | None = None):
+                   final_options: Callable[[Any, Task, dict], dict] | None = None, held_out: bool = False):
     """Function decorator: register `fn(model, task) -> dict` as probe `name`, its keys
     meaning what `keys` declares."""
 
@@ -61,7 +66,7 @@ def register_probe(name: str, applies_to: Callable[[Task], bool], cheap: bool = 
         if ":" in name:
             raise ValueError(f"probe name {name!r}: ':' separates a module from a name in dotted probe names")
         declare_keys(name, keys or KeyFamilies())
-        _PROBES[name] = Probe(name, fn, applies_to, cheap, default, schedule, initial, final_options)
+        _PROBES[name] = Probe(name, fn, applies_to, cheap, default, schedule, initial, final_options, held_out)
         return fn
 
     return decorate
