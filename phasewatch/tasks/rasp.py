@@ -56,7 +56,7 @@ def _all_inputs(vocab, unique_tokens: bool, n: int):
 
 #: (program, vocab, max_seq_len) -> length -> every input of that length encoded, in enumeration
 #: order (tokens, targets, which rows are filled): each input encoded once, when first drawn or held
-#: out, for every task of the program in the process (`RaspTask._encoded`)
+#: out, for every task of the program in the process (`RaspTask.encoded`)
 _ENCODED: dict[tuple, dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
 
@@ -164,7 +164,7 @@ class RaspTask(Task):
         self.batch_size, self.n_val_per_length, self.seed = batch_size, n_val_per_length, seed
         self._load_program(spec, vocab)
         self._memo = _OUTPUTS.setdefault((program, tuple(self.vocab), max_len), {})
-        self._encoded = _ENCODED.setdefault((program, tuple(self.vocab), max_len), {})  # `_encoded_batch`
+        self._encoded = _ENCODED.setdefault((program, tuple(self.vocab), max_len), {})  # `encoded`
         self._train_pool: dict[int, Sequence[tuple] | None] = {}  # length -> its training inputs (None: by threshold)
         self._train_index: dict[int, torch.Tensor] = {}  # length -> its training inputs' indices (`_enumerated`)
         self._threshold: dict[int, float] = {}  # length -> held out when split_score < this
@@ -234,7 +234,7 @@ class RaspTask(Task):
             self.seed, tuple(self.vocab), self.unique_tokens, n, n_held)
         if len(held) > max(self.n_val_per_length, MAX_EXHAUSTIVE_VAL):
             held = held[torch.linspace(0, len(held) - 1, self.n_val_per_length).round().long().unique()]
-        return self._encoded_batch(n, held)
+        return self.encoded(n, held)
 
     def all_inputs_order(self, xs: tuple) -> tuple:
         """Sort key putting inputs in enumeration order (vocab order per position)."""
@@ -334,19 +334,35 @@ class RaspTask(Task):
         return out[:size]
 
     def train_batch(self, step: int, batch_size: int | None) -> Batch:
+        g, n, size, rows = self._train_draw(step, batch_size)
+        if rows is None:  # drawn by rejection from a length too large to list
+            return self.encode(self.train_inputs(g, n, size))
+        return self.encoded(n, rows)
+
+    def train_rows(self, step: int, batch_size: int | None) -> tuple[int, torch.Tensor] | None:
+        """`train_batch(step, batch_size)` as its length and its inputs' indices (enumeration
+        order), which `encoded` turns into the batch: a population encodes its members' batches
+        of a length in one call (training/population.py). None where the length is drawn by
+        rejection (too many inputs to list)."""
+        _, n, _, rows = self._train_draw(step, batch_size)
+        return None if rows is None else (n, rows)
+
+    def _train_draw(self, step: int, batch_size: int | None) -> tuple[torch.Generator, int, int, torch.Tensor | None]:
+        """The step's generator, length, batch size and, for a length whose training inputs are
+        listed, the drawn inputs' indices (`train_inputs`' draw)."""
         g = step_generator(self.seed, step)
         n = int(torch.randint(self.min_seq_len, self.train_max_seq_len + 1, (1,), generator=g))
         size, pool = batch_size or self.batch_size, self._train_pool[n]
-        if pool is None:  # drawn by rejection from a length too large to list
-            return self.encode(self.train_inputs(g, n, size))
-        index = torch.randint(0, len(pool), (size,), generator=g)  # `train_inputs`' draw
-        return self._encoded_batch(n, self._train_index[n][index])
+        if pool is None:
+            return g, n, size, None
+        return g, n, size, self._train_index[n][torch.randint(0, len(pool), (size,), generator=g)]
 
-    def _encoded_batch(self, n: int, rows: torch.Tensor) -> Batch:
-        """`encode` of the inputs `rows` (indices in enumeration order, `_enumerated`) of length
-        n: each input is encoded once in the process, for every task of the program (`_ENCODED`),
-        when it is first drawn or held out (a short run draws a small part of a length), so that
-        a batch is one index into the length's tensors."""
+    def encoded(self, n: int, rows: torch.Tensor) -> Batch:
+        """`encode` of the inputs `rows` (indices in enumeration order, `_enumerated`; any
+        shape: the batch's leading dimensions) of length n: each input is encoded once in the
+        process, for every task of the program, vocabulary and longest input (`_ENCODED`), when it is first
+        drawn or held out (a short run draws a small part of a length), so that a batch is one
+        index into the length's tensors."""
         if n not in self._encoded:
             tokens = torch.zeros((self.input_count(n), n + 1), dtype=torch.long)
             self._encoded[n] = (tokens, torch.zeros_like(tokens), torch.zeros(len(tokens), dtype=torch.bool))
@@ -358,9 +374,9 @@ class RaspTask(Task):
             tokens[new] = torch.tensor([[self.bos] + [self.encoding[v] for v in xs] for xs in drawn], dtype=torch.long)
             targets[new, 1:] = torch.tensor([self.output_ids(xs) for xs in drawn], dtype=torch.long)
             known[new] = True
-        mask = torch.ones((len(rows), n + 1), dtype=torch.bool)
-        mask[:, 0] = False
-        return Batch(tokens[rows], targets[rows], mask, {"length": torch.full((len(rows),), n)})
+        mask = torch.ones((*rows.shape, n + 1), dtype=torch.bool)
+        mask[..., 0] = False
+        return Batch(tokens[rows], targets[rows], mask, {"length": torch.full(rows.shape, n)})
 
     def val_batches(self) -> list[Batch]:
         return self._val

@@ -279,19 +279,9 @@ class PopulationModule(pl.LightningModule):
         return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
     def _padded(self, batch: Batch | list[Batch]) -> Batch:
-        """The members' training batches each `padded` to the task's longest input, as a member
-        re-run alone pads its own (TrainModule's `vectorised`): a RASP task's lengths, drawn per
-        member, are then one vectorised pass, and member k's arithmetic still does not depend on
-        the other members' lengths. Validation is not padded (one pass per shape)."""
-        length = self.task.n_ctx
-        if not isinstance(batch, list):
-            return padded(batch, length)
-        batches = [padded(b, length) for b in batch]
-        if any("attend" in b.extras for b in batches):  # a member at the longest length attends everywhere (exact)
-            batches = [b if "attend" in b.extras else Batch(b.tokens, b.targets, b.loss_mask,
-                                                            {"attend": torch.ones_like(b.loss_mask)})
-                       for b in batches]
-        return stack_batches(batches)
+        """The members' training batches each `padded` to the task's longest input
+        (`padded_members`), as a member re-run alone pads its own (TrainModule's `vectorised`)."""
+        return padded_members(batch, self.task.n_ctx)
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor | None:
         logging = not (self.global_step + 1) % self.trainer.log_every_n_steps  # Lightning's rule, as TrainModule
@@ -584,7 +574,9 @@ class MemberCallbacks(pl.Callback):
 
 class _Lockstep(IterableDataset):
     """The members' training batches, step by step, stacked along a leading member dimension:
-    drawn in one call where the task can (`Task.train_batches`), else member by member."""
+    drawn in one call where the task can (`Task.train_batches`), encoded a length at a time
+    where it draws its batches as inputs of a length (`encoded_members`: RASP tasks, padded
+    already), else member by member."""
 
     def __init__(self, members: list[TaskDataModule], start: int):
         self.members, self.start = members, start
@@ -592,7 +584,14 @@ class _Lockstep(IterableDataset):
     def __iter__(self) -> Iterator[Batch | list[Batch]]:
         first, step = self.members[0], self.start
         seeds = [getattr(m.task, "seed", None) for m in self.members]
-        batch = None if None in seeds else first.task.train_batches(seeds, step, first.batch_size)
+        tasks = [m.task for m in self.members]
+
+        def draw(step: int) -> Batch | None:
+            if None not in seeds and (batch := first.task.train_batches(seeds, step, first.batch_size)) is not None:
+                return batch
+            return encoded_members(tasks, step, first.batch_size, first.task.n_ctx)
+
+        batch = draw(step)
         if batch is None:
             for batches in zip(*(m.train_dataloader().dataset for m in self.members)):
                 yield member_batches(batches)
@@ -600,7 +599,44 @@ class _Lockstep(IterableDataset):
         while True:
             yield batch
             step += 1
-            batch = first.task.train_batches(seeds, step, first.batch_size)
+            batch = draw(step)
+
+
+def padded_members(batch: Batch | list[Batch], length: int) -> Batch:
+    """The members' training batches (stacked, or a list when their shapes differ) each `padded`
+    to `length` (the task's longest input) and stacked: a RASP task's lengths, drawn per member,
+    are then one vectorised pass, and member k's arithmetic does not depend on the other
+    members' lengths. A member at `length` attends everywhere where another is padded (exact).
+    Validation is not padded (one pass per shape)."""
+    if not isinstance(batch, list):
+        return padded(batch, length)
+    return stack_batches(_attending([padded(b, length) for b in batch]))
+
+
+def _attending(batches: list[Batch]) -> list[Batch]:
+    """`batches`, each with an `attend` mask where any has one (ones where it had none)."""
+    if not any("attend" in b.extras for b in batches):
+        return batches
+    return [b if "attend" in b.extras else Batch(b.tokens, b.targets, b.loss_mask, {"attend": torch.ones_like(b.loss_mask)})
+            for b in batches]
+
+
+def encoded_members(tasks: list, step: int, batch_size: int | None, length: int) -> Batch | None:
+    """`padded_members` of the members' training batches at `step`, for a task that draws a
+    batch as its length and inputs (`train_rows`, RASP tasks): each member's own draw, then
+    the members of one length encoded and padded together (`encoded`: a length's inputs
+    encoded once for every member), not member by member. None where a task does not draw so."""
+    draws = [task.train_rows(step, batch_size) if hasattr(task, "train_rows") else None for task in tasks]
+    if any(d is None for d in draws):
+        return None
+    groups: dict[int, list[int]] = {}
+    for k, (n, _) in enumerate(draws):
+        groups.setdefault(n, []).append(k)
+    parts = _attending([padded(tasks[0].encoded(n, torch.stack([draws[k][1] for k in members])), length)
+                        for n, members in groups.items()])
+    back = torch.argsort(torch.tensor([k for members in groups.values() for k in members]))
+    extras = {"attend": torch.cat([p.extras["attend"] for p in parts])[back]} if "attend" in parts[0].extras else {}
+    return Batch(*(torch.cat([getattr(p, f) for p in parts])[back] for f in ("tokens", "targets", "loss_mask")), extras)
 
 
 def member_batches(batches) -> Batch | list[Batch]:

@@ -191,6 +191,32 @@ def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_b
             assert torch.equal(population.stacked[name.replace(".", "__")].grad[1], param.grad), name
 
 
+@pytest.mark.parametrize("min_len", [1, 4])
+def test_a_rasp_populations_batches_encoded_a_length_at_a_time_are_each_members_own(min_len):
+    """The population's RASP batches (`_Lockstep`: each member's own draw, the members of one
+    length encoded and padded together, `encoded_members`) are tensor for tensor the members'
+    own `train_batch`es padded and stacked as the training step pads them (`padded_members`),
+    from a resumed run's step on; with lengths 4 of 4 only, where every member's batch is
+    the longest and nothing is padded, too."""
+    from phasewatch.tasks.rasp import RaspTask
+    from phasewatch.training.module import TaskDataModule
+    from phasewatch.training.population import _Lockstep, member_batches, padded_members
+
+    tasks = [RaspTask(program="reverse", vocab=[1, 2, 3], max_seq_len=4, min_seq_len=min_len, batch_size=3, seed=s)
+             for s in (0, 5, 2, 9, 4)]
+    lockstep, attends = iter(_Lockstep([TaskDataModule(t) for t in tasks], 3)), set()
+    for step in range(3, 33):
+        together = next(lockstep)
+        alone = padded_members(member_batches([t.train_batch(step, None) for t in tasks]), tasks[0].n_ctx)
+        assert together.extras.keys() == alone.extras.keys(), step
+        for field in ("tokens", "targets", "loss_mask"):
+            assert torch.equal(getattr(together, field), getattr(alone, field)), (step, field)
+        if "attend" in alone.extras:
+            assert torch.equal(together.extras["attend"], alone.extras["attend"]), step
+            attends.add(bool(alone.extras["attend"].all(-1).any()))  # a member at the longest length among padded ones
+    assert attends == ({True, False} if min_len == 1 else set())
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_validation_in_passes_gives_each_member_its_own_values(shared, monkeypatch):
     """On the CPU a validation pass takes `members_per_pass` members (its residual stream within
