@@ -2,38 +2,51 @@
 training-time overhead of the default probe schedule (target: under 10%).
 
 Both measured in this process on the same model, interleaved (four training steps, then each
-probe once, `--repeats` times; medians): a training step (forward, backward, AdamW) of the
-task's natural batch, and each default probe of the task; then the
+probe once, `--repeats` times; medians of CPU time, which another process's load moves less than
+wall time): a training step (forward, backward, AdamW) of the task's natural batch, and each
+default probe of the task as the probe callback runs it (`measure`: the model switched to eval
+mode and back, no gradients; then `record_results`: its arrays written to a run folder); then the
 overhead of the default schedule = probe runs x probe time / (max_steps x step time).
 Two counts of runs: the schedule's (shared log-spaced schedule; cheap probes at every
 validation), and the most that adaptive resolution can add (`TransitionWatcher`: every
 step of its dense grid, as if an onset were pending for the whole run), and the bound that
 a probe budget (`--probes.budget 0.1`) sets on the latter: extra runs stop once the
 probes reach the budget's share of the time so far, so a run's probes take at most the
-larger of the schedule's share and the budget (plus one run).
+larger of the schedule's share and the budget (plus one run). `--calls`: Python function calls
+per probe run (cProfile, built-ins included), host work that the load cannot change.
 
-    python bench/probe_overhead.py [--config configs/quickstart.yaml ...] [--markdown]
+    python bench/probe_overhead.py [--config configs/quickstart.yaml ...] [--markdown] [--calls]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
 from baseline_setup import build_from_config
 
-from phasewatch.callbacks.probes import ProbeRunner
+from phasewatch.callbacks.probes import ProbeRunner, measure as measure_probes, record_results
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.probes import default_probes, get_probe
 from phasewatch.callbacks.schedule import Schedule
+from phasewatch.rundir import RunFolder
 from phasewatch.training.module import masked_loss
 
 
-def measure(config: str, repeats: int) -> list[dict]:
-    """One row per default probe of the config: its time, in training steps, runs and overhead."""
+def measure(config: str, repeats: int, calls: bool = False) -> list[dict]:
+    """One row per default probe of the config: its time, in training steps, runs and overhead
+    (and `calls`: Python calls per run)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return _measure(config, repeats, calls, RunFolder(tmp))
+
+
+def _measure(config: str, repeats: int, calls: bool, folder: RunFolder) -> list[dict]:
     cfg, module = build_from_config(config)
     task = module.task
     native = module.model.original_model
@@ -56,11 +69,11 @@ def measure(config: str, repeats: int) -> list[dict]:
     dense = set(Schedule(kind="log", count=TransitionWatcher().dense_count).resolve(max_steps))
     probes = {name: get_probe(name, task) for name in probes_cfg.get("names") or default_probes(task)}
 
+    written = [0]  # the step each run's arrays are written at (a new file each run, as in a run)
+
     def probe_run(name):
-        module.model.eval()
-        with torch.no_grad():
-            probes[name](module.model, task, **options.get(name, {}))
-        module.model.train()
+        written[0] += 1
+        record_results(measure_probes(module.model, task, [probes[name]], options), folder, written[0])
 
     # interleaved (4 steps, then each probe once, `repeats` times; medians): this machine's
     # speed drifts, and the ratio of probe to step time is what the table reports
@@ -70,16 +83,21 @@ def measure(config: str, repeats: int) -> list[dict]:
         job()  # a first run: compiles and caches
     for _ in range(repeats):
         for name, job in jobs:
-            started = time.perf_counter()
+            started = time.process_time()
             job()
-            times[name].append(time.perf_counter() - started)
+            times[name].append(time.process_time() - started)
+    counted = {}
+    for name, job in jobs[4:] if calls else []:
+        profile = cProfile.Profile()
+        profile.runcall(job)
+        counted[name] = pstats.Stats(profile).total_calls
     step_s = statistics.median(times["step"])
     print(f"{config}: one training step {step_s * 1e3:.1f} ms; {max_steps} steps", file=sys.stderr)
     rows = []
     for name, probe in probes.items():
         probe_s = statistics.median(times[name])
         steps = validations if probe.cheap else scheduled
-        rows.append(dict(config=config, probe=name, ms=probe_s * 1e3, in_steps=probe_s / step_s,
+        rows.append(dict(config=config, probe=name, ms=probe_s * 1e3, in_steps=probe_s / step_s, calls=counted.get(name),
                          runs=len(steps), runs_dense=len(steps | dense), cheap=probe.cheap,
                          overhead=len(steps) * probe_s / (max_steps * step_s),
                          overhead_dense=len(steps | dense) * probe_s / (max_steps * step_s)))
@@ -92,27 +110,31 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--markdown", action="store_true", help="one table for all configs, with totals")
     ap.add_argument("--budget", type=float, default=0.1, help="a probe budget (--probes.budget)")
+    ap.add_argument("--calls", action="store_true", help="also Python function calls per probe run")
     a = ap.parse_args()
+    extra = " | calls a run" if a.calls else ""
     if a.markdown:
         print("| config | probe | one run | in training steps | runs (schedule) | overhead | runs, adaptive at most "
-              "| overhead | adaptive, within the budget |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              f"| overhead | adaptive, within the budget{extra} |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | ---" + " | ---" * a.calls + " |")
     for config in a.config:
-        rows = measure(config, a.repeats)
+        rows = measure(config, a.repeats, a.calls)
         for r in rows:
             when = "every validation" if r["cheap"] else "log-spaced"
+            calls = f" | {r['calls']:,}" if a.calls else ""
             if a.markdown:
                 print(f"| {config} | {r['probe']} | {r['ms']:.1f} ms | {r['in_steps']:.1f} | {r['runs']} ({when}) "
-                      f"| {100 * r['overhead']:.1f}% | {r['runs_dense']} | {100 * r['overhead_dense']:.1f}% | |")
+                      f"| {100 * r['overhead']:.1f}% | {r['runs_dense']} | {100 * r['overhead_dense']:.1f}% | {calls} |")
             else:
                 print(f"  probe {r['probe']}: {r['ms']:.1f} ms = {r['in_steps']:.1f} training steps; {r['runs']} runs "
-                      f"({when}), at most {r['runs_dense']} with adaptive resolution")
+                      f"({when}), at most {r['runs_dense']} with adaptive resolution"
+                      + (f"; {r['calls']:,} Python calls a run" if a.calls else ""))
         total = sum(r["overhead"] for r in rows)
         total_dense = sum(r["overhead_dense"] for r in rows)
         bounded = min(total_dense, max(total, a.budget))
         if a.markdown:
             print(f"| {config} | **all** | | | | **{100 * total:.1f}%** | | **{100 * total_dense:.1f}%** "
-                  f"| **{100 * bounded:.1f}%** |")
+                  f"| **{100 * bounded:.1f}%**{' |' * a.calls} |")
         else:
             print(f"  default schedule overhead: {100 * total:.1f}% of training time, at most {100 * total_dense:.1f}% "
                   f"with adaptive resolution, {100 * bounded:.1f}% within the budget (target < 10%)")
