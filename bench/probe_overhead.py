@@ -1,19 +1,14 @@
 """Probe overhead: the time of one probe run as a ratio to one training step, and the
 training-time overhead of the default probe schedule (target: under 10%).
 
-Both measured in this process on the same model, interleaved (four training steps, then each
-probe once, `--repeats` times; medians of CPU time, which another process's load moves less than
-wall time): a training step (forward, backward, AdamW) of the task's natural batch, and each
-default probe of the task as the probe callback runs it (`measure`: the model switched to eval
-mode and back, no gradients; then `record_results`: its arrays written to a run folder); then the
-overhead of the default schedule = probe runs x probe time / (max_steps x step time).
-Two counts of runs: the schedule's (shared log-spaced schedule; cheap probes at every
-validation), and the most that adaptive resolution can add (`TransitionWatcher`: every
-step of its dense grid, as if an onset were pending for the whole run), and the bound that
-a probe budget (`--probes.budget 0.1`) sets on the latter: extra runs stop once the
-probes reach the budget's share of the time so far, so a run's probes take at most the
-larger of the schedule's share and the budget (plus one run). `--calls`: Python function calls
-per probe run (cProfile, built-ins included), host work that the load cannot change.
+Both in this process on the same model, interleaved (four training steps, then each probe once,
+`--repeats` times; medians of CPU time): a training step (forward, backward, AdamW) of the task's
+natural batch, and each default probe as the callback runs it (`measure`, then `record_results`
+writing its arrays); overhead = probe runs x probe time / (max_steps x step time). Two counts of
+runs: the schedule's (cheap probes at every validation), and the most that adaptive resolution
+can add (every step of the watcher's dense grid, as if an onset were pending all run), with the
+bound a budget (`--probes.budget 0.1`) sets on it: at most the larger of the schedule's share
+and the budget (plus one run). `--calls`: Python function calls per probe run (cProfile).
 
     python bench/probe_overhead.py [--config configs/quickstart.yaml ...] [--markdown] [--calls]
 """
