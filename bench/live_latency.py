@@ -39,7 +39,8 @@ series without a transition.
    Targets (issue 43): announced before the midpoint for >= 80% of stages, confirmed by
    1.2 x end, at most one withdrawn stage per run, at most 3 lines per stage. With `--show`,
    per run also what the lines claimed (`name_checks`: stages named at "begins", of them
-   confirmed under another name, leads changed, names confirmed twice); `--lines`, the lines.
+   confirmed under another name, leads changed, names confirmed twice); `--lines`, the lines;
+   `--settle F ...`, a row per confirmation wait (the watcher's `settle`, x a change's end).
 5. With `--early K ...`: what logging the training metrics densely early costs: fits of
    `--configs` with `--transitions.logs_per_doubling K`, each K in turn (the order rotated each
    repeat), each in a process of its own: CPU time (user + system) against the first K's, the
@@ -48,7 +49,7 @@ series without a transition.
 
     python bench/live_latency.py [--seeds 3] [--real quickstart induction_2l digit_addition]
                                  [--steps 3000] [--out /tmp/live_latency] [--frontier]
-    python bench/live_latency.py --stages RUN [RUN ...] [--looks validations watcher] [--show] [--lines]
+    python bench/live_latency.py --stages RUN [RUN ...] [--looks validations watcher] [--settle 1.1 1.19] [--show] [--lines]
     python bench/live_latency.py --early 0 16 [--configs quickstart_tiny induction_tiny] [--repeats 2] [--calls]
 """
 
@@ -456,15 +457,19 @@ def members(run: Path) -> list[Path]:
     return sorted(p for p in run.iterdir() if (p / "metrics.jsonl").exists())
 
 
-def stages_table(runs: list[Path], looks: list[str], show: bool = False, lines: bool = False) -> None:
-    """`--stages`: a row per run (population) and look schedule (`stage_summary`); `show`: each
-    offline stage's scores and each run's `name_checks`; `lines`: each run's stage lines."""
+def stages_table(runs: list[Path], looks: list[str], show: bool = False, lines: bool = False,
+                 settles: list[float] | None = None) -> None:
+    """`--stages`: a row per run (population), look schedule and `settles` factor (the watcher's
+    `settle`: a change confirmed once the run is at that multiple of its end; None: its default)
+    (`stage_summary`); `show`: each offline stage's scores and each run's `name_checks`; `lines`:
+    each run's stage lines."""
     print("## Stages, live against offline\n")
     print(STAGE_HEADER)
     for run in runs:
-        for schedule in looks:
-            results = [stage_replay(m, schedule) for m in members(run)]
-            print(stage_summary(f"{run.name} ({len(results)}), {schedule}", results), flush=True)
+        for schedule, settle in ((s, f) for s in looks for f in settles or [None]):
+            results = [stage_replay(m, schedule, **({} if settle is None else {"settle": settle})) for m in members(run)]
+            label = f"{run.name} ({len(results)}), {schedule}" + ("" if settle is None else f", settle {settle:g}")
+            print(stage_summary(label, results), flush=True)
             for m, result in zip(members(run), results):
                 if show:
                     for r in stage_scores(result):
@@ -552,6 +557,8 @@ def main() -> None:
     parser.add_argument("--show", action="store_true",
                         help="with --stages: every offline stage's row, and what each run's lines claimed")
     parser.add_argument("--lines", action="store_true", help="with --stages: every run's stage lines")
+    parser.add_argument("--settle", nargs="+", type=float, default=None,
+                        help="with --stages: replay with each of these confirmation waits (x a change's end)")
     parser.add_argument("--early", nargs="+", type=int, default=None,
                         help="fits of --configs at these transitions.logs_per_doubling, alternated: what logging densely early costs")
     parser.add_argument("--configs", nargs="+", default=["quickstart_tiny", "induction_tiny"], help="with --early")
@@ -563,7 +570,7 @@ def main() -> None:
         early_cost(args.configs, args.early, args.repeats, args.out, args.calls, args.fit_flags.split())
         return
     if args.stages:
-        stages_table(args.stages, args.looks, args.show, args.lines)
+        stages_table(args.stages, args.looks, args.show, args.lines, args.settle)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.no_synthetic:
