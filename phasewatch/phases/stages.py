@@ -111,13 +111,15 @@ class Signature:
                    for pattern, d in alternatives for key, direction in moved)
 
     def matches(self, moved: set[tuple[str, str]], keys: Iterable[str] = (),
-                spanned: set[tuple[str, str]] = frozenset()) -> bool:
+                spanned: set[tuple[str, str]] = frozenset(), vetoing: set[tuple[str, str]] | None = None) -> bool:
         """Whether a stage whose members moved so ((key, direction) pairs) matches, in a run
-        logging `keys`; `spanned`: the `during` moves of its series over its span (`spanned`)."""
+        logging `keys`; `spanned`: the `during` moves of its series over its span (`spanned`);
+        `vetoing`: the moves `absent` is judged on (default `moved`; live, a member whose change
+        goes on under way vetoes nothing: `detect_stages`)."""
         if self.run_has is not None and not any(re.fullmatch(self.run_has, k) for k in keys):
             return False
         return (all(self._has(e, moved | spanned) for e in self.moves)
-                and not any(self._has(e, moved) for e in self.absent))
+                and not any(self._has(e, moved if vetoing is None else vetoing) for e in self.absent))
 
     def spanned(self, series: dict, onset: int, end: int,
                 elsewhere: set[tuple[str, str]] = frozenset()) -> set[tuple[str, str]]:
@@ -460,17 +462,20 @@ def stage_type(onset: int, end: int, series: dict) -> str | None:
     return None
 
 
-def _evidence(signature: Signature, members: list[dict], others: Iterable[list[dict]],
-              series: dict) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+def _evidence(signature: Signature, members: list[dict], others: Iterable[list[dict]], series: dict,
+              unsettled: set[int] = frozenset()) -> tuple[set[tuple[str, str]], ...]:
     """What a stage (its `members`) shows of a signature: the (series, direction) pairs of its
-    members that count (`Signature.counts`), and its series' `during` moves over its span (its
+    members that count (`Signature.counts`), its series' `during` moves over its span (its
     members' earliest onset to latest end) that are no transition of the `others` (other stages'
-    members) over those steps (`Signature.spanned`)."""
+    members) over those steps (`Signature.spanned`), and the pairs that veto (`absent`): those of
+    the members that count and are not in `unsettled` (ids of members whose change goes on)."""
     span = (min(m["onset"] for m in members), max(m["end"] for m in members)) if members else (0, 0)
     elsewhere = {(m["metric"], m["direction"]) for other in others for m in other
                  if m["onset"] < span[1] and m["end"] > span[0]}
-    moved = {(m["metric"], m["direction"]) for m in members if signature.counts(m, series)}
-    return moved, signature.spanned(series, *span, elsewhere)
+    counting = [m for m in members if signature.counts(m, series)]
+    moved = {(m["metric"], m["direction"]) for m in counting}
+    vetoing = {(m["metric"], m["direction"]) for m in counting if id(m) not in unsettled}
+    return moved, signature.spanned(series, *span, elsewhere), vetoing
 
 
 def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: dict,
@@ -491,8 +496,8 @@ def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: 
         if (signature is None or other.name is not None or id(other) in moving or id(named) in moving
                 or any(other is k for k in kept) or other.onset > named.end or named.onset > other.end):
             return False
-        moved, spanned = _evidence(signature, other.members, [s.members for s in stages if s is not other
-                                                              and s is not named], series)
+        moved, spanned, _ = _evidence(signature, other.members, [s.members for s in stages if s is not other
+                                                                 and s is not named], series)
         return signature.matches(moved, keys, spanned)
 
     while True:
@@ -510,7 +515,8 @@ def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: 
 
 
 def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable[str] = (),
-                 fixed: dict[int, str | None] | None = None, series: dict | None = None) -> list[str | None]:
+                 fixed: dict[int, str | None] | None = None, series: dict | None = None,
+                 unsettled: set[int] = frozenset()) -> list[str | None]:
     """The names of a run's stages (each a list of members, in time order), assigned over the
     whole sequence: each stage takes the name of a signature it matches (its members that count,
     `Signature.counts` on `series`, and its series' `during` moves over its span that are no
@@ -518,16 +524,17 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
     of one `sequence` name stages in their declared order. Of the assignments, the one naming most stages; of those, the one naming
     most by their members alone; then the one naming earlier stages, then giving a stage the
     signature with more `moves` entries, then the one declared first (docs/stages.md, Names). `fixed`: stage index -> its name, kept as it is (a stage
-    already said, live)."""
+    already said, live). `unsettled`: ids of members whose change goes on under way (live): they
+    count for `moves`, and veto nothing (`absent`), their change's stage not yet known."""
     keys, fixed, series = list(keys), fixed or {}, series or {}
     order = {s.name: k for k, s in enumerate(rules.signatures)}
     sequences = sorted({s.sequence for s in rules.signatures if s.sequence is not None})
     matched, strong = [], []
     for i, members in enumerate(stages):
-        evidence = {s.name: _evidence(s, members, [o for j, o in enumerate(stages) if j != i], series)
+        evidence = {s.name: _evidence(s, members, [o for j, o in enumerate(stages) if j != i], series, unsettled)
                     for s in rules.signatures}
-        matched.append([s for s in rules.signatures if s.matches(evidence[s.name][0], keys, evidence[s.name][1])])
-        strong.append({s.name for s in matched[-1] if s.matches(evidence[s.name][0], keys)})
+        matched.append([s for s in rules.signatures if s.matches(evidence[s.name][0], keys, *evidence[s.name][1:])])
+        strong.append({s.name for s in matched[-1] if s.matches(evidence[s.name][0], keys, vetoing=evidence[s.name][2])})
     for i, name in fixed.items():
         matched[i], strong[i] = [s for s in rules.signatures if s.name == name], {name}
     sequence_of = {s.name: s.sequence for s in rules.signatures}
@@ -700,6 +707,16 @@ def _still_at(stage: Stage, event: dict, series: dict, level: float) -> bool:
     return _one_time([m for m in stage.members if not any(m is p for p in pieces)] + [change], series, level)
 
 
+def _going_on(events: list[dict], series: dict) -> set[int]:
+    """Live: the ids of the events whose change goes on: a later fit of the same series in the
+    same direction, a change in progress, is a piece of one change with it (`_one_change`). The
+    change's stage is not known until it is over (offline, the joined change is the stage's at
+    its half-way step: `_joined`). Offline, none."""
+    going = [e for e in events if e.get("kind") == "in_progress"]
+    return {id(m) for m in events if any(g is not m and _times(g)[0] > _times(m)[0] and _one_change(m, g, series)
+                                         for g in going)}
+
+
 def one_activity(a: Stage, b: Stage, series: dict, level: float = LEVEL) -> bool:
     """Live: two stages overlap in steps and their members' midpoints are one time up to their
     own widths (`_one_time`, the grouping's test): the one is more of the other's activity that
@@ -739,7 +756,8 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     stages = sorted([*keep, *new], key=lambda s: (s.midpoint, s.onset))
     fixed = {i: s.name for i, s in enumerate(stages) if any(s is k for k in keep)}
     keys = list(series) + [e["metric"] for e in usable]
-    for stage, name in zip(stages, assign_names([s.members for s in stages], rules, keys, fixed, series)):
+    for stage, name in zip(stages, assign_names([s.members for s in stages], rules, keys, fixed, series,
+                                                _going_on(usable, series))):
         stage.name = name
     stages = _one_phase(stages, rules, keys, series, keep)
     new = [s for s in new if any(s is t for t in stages)]

@@ -677,3 +677,21 @@ def test_a_change_that_has_moved_on_from_a_kept_stage_belongs_to_the_stage_at_it
     assert ("P", [("a/x", "up"), ("a/x", "up"), ("c/n", "down")]) in [(s.name, members(s)) for s in offline]
     alone = detect_stages(first + [more], series, rules, previous=kept, keep=kept)
     assert [(s.id, len(s.members), s.end) for s in alone] == [(kept[0].id, 3, 3000)]
+
+
+def test_a_piece_of_a_change_still_in_progress_vetoes_no_name():
+    """Live, the quickstart (both folders, replayed 2026-11-28): at step 1,750 the stage of the
+    excluded loss's rise and the train loss's last fall (312-1,369) held the test loss's first
+    fall (513-1,369, 8.7 -> 2.8), which vetoes circuit formation, while the rest of that fall was
+    a fit in progress (1,203-2,405); offline the fall is one change, in cleanup at its half-way
+    step. A piece whose change goes on in a fit in progress vetoes nothing (`absent`): its
+    change's stage is not known yet. It still counts for `moves`; a fit going the other way, or
+    one that is no piece of its change, does not lift the veto."""
+    rules = StageRules(signatures=(Signature("P", moves=("a/x up", "b/y up"), absent=("v/l down",)),
+                                   Signature("Q", moves=("a/x up", "v/l down"))))
+    stage = [event("a/x", 800, "up"), event("b/y", 800, "up"), {**event("v/l", 800), "onset": 500, "end": 1300}]
+    rest = {**event("v/l", 3000, kind="in_progress"), "onset": 1200, "end": 8000}
+    for more, name in (([], "Q"), ([rest], "P"), ([{**rest, "direction": "up"}], "Q"), ([{**rest, "onset": 2000}], "Q")):
+        stages = detect_stages(stage + more, {}, rules)
+        assert [(s.name, members(s)) for s in stages] == [(name, [("a/x", "up"), ("b/y", "up"), ("v/l", "down")])]
+    assert not detect_stages(stage + [rest], {}, rules)[0].in_progress  # the piece's stage is said as it is
