@@ -7,7 +7,8 @@ keeps checkpoints on its schedule and draws its progress bar (W&B off). Start-up
 are timed from step WARMUP to the end of training. Reported as a ratio measured in the
 same process, the median of several alternating repeats (target: >= 0.9).
 
-    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse|digits|grokking] [--proxy] [--parts] [--calls]
+    python bench/fit_speed.py [--steps 400] [--config quickstart|induction|reverse|digits|grokking] [--proxy] [--parts]
+        [--rows ROW ...] [--calls] [--threads N] [--baseline_tree DIR]
 
 `--proxy`: the model shrunk until its arithmetic costs almost nothing (baseline_setup.PROXY_*),
 on one thread, so that what is compared is the host's work per step (the CPU proxy of a GPU);
@@ -15,6 +16,8 @@ then the process's CPU time is reported too (robust on a machine that others sha
 `--parts`: `fit` three ways (`parts`): as it always runs, without probes, and the step itself
 (no probes, no watcher, no live report). `--calls`: Python function calls per step (cProfile,
 step WARMUP to the end), a measure of host work that another process's load cannot change.
+`--baseline_tree DIR`: the same measures on DIR's phasewatch (a `git archive` copy of an older
+commit) and on this tree's, one process each, alternated (before/after in one command).
 """
 
 from __future__ import annotations
@@ -165,6 +168,73 @@ def fit_calls(config: str, steps: int, flags: list[str]) -> float:
     return calls_per_step(run, steps)
 
 
+def measure(a: argparse.Namespace) -> dict:
+    """The loop's and each row's (wall, CPU) seconds, alternated over `a.repeats`, and with
+    `a.calls` the calls per step: {"loop": [...], "fit": {row: [...]}, "calls": {...}}."""
+    from baseline_setup import proxy_flags
+
+    args = CONFIGS[a.config]
+    flags = proxy_flags(args) if a.proxy else []
+    rows = {name: extra for name, extra in parts().items() if name in a.rows} if a.parts else {"as always": []}
+    out: dict = {"loop": [], "fit": {name: [] for name in rows}, "calls": {}}
+    for _ in range(a.repeats):  # alternate, so drift in machine load hits every row alike
+        for name, extra in rows.items():
+            out["loop"].append(loop_seconds(args, a.steps, flags))
+            out["fit"][name].append(fit_seconds(args, a.steps, [*flags, *extra]))
+    if a.calls:
+        out["calls"]["loop"] = calls_per_step(lambda profile: loop_seconds(args, a.steps, flags, profile), a.steps)
+        for name, extra in rows.items():
+            out["calls"][name] = fit_calls(args, a.steps, [*flags, *extra])
+    return out
+
+
+def show(a: argparse.Namespace, got: dict, tree: str = "") -> None:
+    """Print `measure`'s steps per second, ratios and calls (to stderr)."""
+    n = a.steps - WARMUP
+    where = f"{tree}config {a.config}{' (proxy)' if a.proxy else ''}, {a.steps} steps, {torch.get_num_threads()} threads"
+    for i, what in enumerate(("wall", "CPU")):
+        loop_rate = statistics.median(n / f[i] for f in got["loop"])
+        print(f"\n{where}, {what} time: hand-written loop {loop_rate:.1f} steps/s ({1e3 / loop_rate:.2f} ms a step)",
+              file=sys.stderr)
+        for name, runs in got["fit"].items():
+            fit_rate = statistics.median(n / f[i] for f in runs)
+            print(f"  phasewatch fit, {name}: {fit_rate:.1f} steps/s ({1e3 / fit_rate:.2f} ms), ratio "
+                  f"{fit_rate / loop_rate:.2f} (target >= 0.9)", file=sys.stderr)
+    if got["calls"]:
+        loop_calls = got["calls"]["loop"]
+        print(f"\n{where}, Python calls per step: hand-written loop {loop_calls:.0f}", file=sys.stderr)
+        for name in got["fit"]:
+            calls = got["calls"][name]
+            print(f"  phasewatch fit, {name}: {calls:.0f} ({calls / loop_calls:.2f}x the loop's)", file=sys.stderr)
+
+
+def against_tree(a: argparse.Namespace, argv: list[str]) -> None:
+    """`--baseline_tree`: this file run on the baseline tree's phasewatch and on this one's, one
+    process each, alternated `a.repeats` times (calls counted in the first of each)."""
+    import json
+    import subprocess
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [x for i, x in enumerate(argv) if x != "--baseline_tree" and (i == 0 or argv[i - 1] != "--baseline_tree")]
+    trees = {"before": os.path.abspath(a.baseline_tree), "after": here}
+    got: dict[str, dict] = {}
+    for r in range(a.repeats):
+        for name, tree in trees.items():
+            cmd = [sys.executable, os.path.abspath(__file__), *argv, "--repeats", "1", "--emit_json"]
+            if r and "--calls" in cmd:
+                cmd.remove("--calls")
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
+            done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
+            one = json.loads(done.stdout.strip().splitlines()[-1])
+            mine = got.setdefault(name, {"loop": [], "fit": {k: [] for k in one["fit"]}, "calls": {}})
+            mine["loop"] += one["loop"]
+            for k, runs in one["fit"].items():
+                mine["fit"][k] += runs
+            mine["calls"] |= one["calls"]
+    for name, tree in trees.items():
+        show(a, got[name], f"{name} ({tree}): ")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=400)
@@ -172,39 +242,28 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--proxy", action="store_true", help="the model shrunk, on one thread: host work per step")
     ap.add_argument("--parts", action="store_true", help="fit three ways: as always, without probes, the step itself")
+    ap.add_argument("--rows", nargs="+", default=["as always", "without probes", "the step itself"],
+                    help="with --parts, only these rows")
     ap.add_argument("--calls", action="store_true", help="also Python function calls per step (load-independent)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 with --proxy, else torch's)")
+    ap.add_argument("--baseline_tree", default=None,
+                    help="also time another source tree (a `git archive` copy), one process per tree, alternated")
+    ap.add_argument("--emit_json", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    from baseline_setup import proxy_flags
+    if a.baseline_tree:
+        against_tree(a, sys.argv[1:])
+        return 0
+    threads = a.threads or (1 if a.proxy else None)
+    if threads:
+        torch.set_num_threads(threads)
+    got = measure(a)
+    if a.emit_json:
+        import json
 
-    args = CONFIGS[a.config]
-    flags = proxy_flags(args) if a.proxy else []
-    if a.proxy:
-        torch.set_num_threads(1)
-    rows = parts() if a.parts else {"as always": []}
-    fit: dict[str, list] = {name: [] for name in rows}
-    loop: list[tuple[float, float]] = []
-    for _ in range(a.repeats):  # alternate, so drift in machine load hits every row alike
-        for name, extra in rows.items():
-            loop.append(loop_seconds(args, a.steps, flags))
-            fit[name].append(fit_seconds(args, a.steps, [*flags, *extra]))
-    n = a.steps - WARMUP
-    where = f"config {a.config}{' (proxy)' if a.proxy else ''}, {a.steps} steps, {torch.get_num_threads()} threads"
-    for i, what in enumerate(("wall", "CPU")):
-        loop_rate = statistics.median(n / f[i] for f in loop)
-        print(f"\n{where}, {what} time: hand-written loop {loop_rate:.1f} steps/s ({1e3 / loop_rate:.2f} ms a step)",
-              file=sys.stderr)
-        for name, runs in fit.items():
-            fit_rate = statistics.median(n / f[i] for f in runs)
-            print(f"  phasewatch fit, {name}: {fit_rate:.1f} steps/s ({1e3 / fit_rate:.2f} ms), ratio "
-                  f"{fit_rate / loop_rate:.2f} (target >= 0.9)", file=sys.stderr)
-    if a.calls:
-        loop_calls = calls_per_step(lambda profile: loop_seconds(args, a.steps, flags, profile), a.steps)
-        print(f"\n{where}, Python calls per step: hand-written loop {loop_calls:.0f}", file=sys.stderr)
-        for name, extra in rows.items():
-            calls = fit_calls(args, a.steps, [*flags, *extra])
-            print(f"  phasewatch fit, {name}: {calls:.0f} ({calls / loop_calls:.2f}x the loop's)", file=sys.stderr)
+        print(json.dumps(got))
+    else:
+        show(a, got)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
