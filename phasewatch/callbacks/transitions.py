@@ -354,8 +354,7 @@ class TransitionWatcher(pl.Callback):
         self._begun.update({s.id: s for s in self.stages if self._said.get(s.id) == "begins"})
         here = {s.id for s in self.stages}
         previous = self.stages + [s for k, s in self._begun.items() if k not in here and self._said.get(k) == "begins"]
-        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=kept,
-                                    begun=[k for k, said in self._said.items() if said == "begins"])
+        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=kept)
         news = []
         told = [s for s in self.stages + list(self._said_as.values()) if self._said.get(s.id) in ("begins", "confirmed")]
         for stage in (s for s in self.stages if evident(s, series)):

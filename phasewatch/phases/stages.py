@@ -726,7 +726,7 @@ def one_activity(a: Stage, b: Stage, series: dict, level: float = LEVEL) -> bool
 
 def detect_stages(events: Iterable, series: dict, rules: StageRules | None = None,
                   previous: Sequence[Stage] | None = None, level: float = LEVEL,
-                  keep: Sequence[Stage] = (), begun: Iterable[int] = ()) -> list[Stage]:
+                  keep: Sequence[Stage] = ()) -> list[Stage]:
     """The stages of a run, in order (module docstring). `events`: per-series transitions;
     `series`: metric -> (steps, values) (for sizes, signatures' `run_has` and types);
     `previous`: the stages of an earlier call, whose ids carry over; `keep`: stages kept with
@@ -734,8 +734,7 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     out of the grouping, and more of their changes joined to them (`_absorbed`; stages of their
     phase, `_one_phase`). A piece of a kept stage's change that has moved on (`_still_at`) is
     grouped as any event; a group of such pieces alone (even of different kept stages) makes no
-    stage, and each of its pieces joins its own kept stage. A stage one activity with a kept one,
-    with no name, over and not said to begin (`begun`: ids) is taken up by it (`_taken_up`)."""
+    stage, and each of its pieces joins its own kept stage."""
     rules = rules or StageRules()
     kept = {_key(m) for stage in keep for m in stage.members}
     usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
@@ -767,26 +766,6 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     else:
         for k, stage in enumerate(stages, start=1):
             stage.id = k
-    return _taken_up(stages, keep, series, level, set(begun)) if keep else stages
-
-
-def _taken_up(stages: list[Stage], keep: Sequence[Stage], series: dict, level: float, begun: set[int]) -> list[Stage]:
-    """Live: a stage that is one activity with a kept stage (`one_activity`), matches no
-    signature, is over (no member in progress or unconfirmed: `under_way`) and was not said to
-    begin (its id not in `begun`) is more of the kept stage that the fits left apart: its members
-    join the kept stage nearest in log-step time (`_join`; its id, name, lead and type stay),
-    unsaid, as more of the kept stage's own changes do (`_absorbed`). The stages left."""
-    kept = [s for s in stages if any(s is k for k in keep)]
-    for stage in [s for s in stages if all(s is not k for k in kept)]:
-        if (stage.name is not None or stage.id in begun or stage.in_progress
-                or any(m.get("under_way") for m in stage.members)):
-            continue
-        home = [k for k in kept if one_activity(k, stage, series, level)]
-        if home:
-            home = min(home, key=lambda k: abs(math.log10(max(k.midpoint, 1)) - math.log10(max(stage.midpoint, 1))))
-            for member in stage.members:
-                _join(home, member, series)
-            stages = [s for s in stages if s is not stage]
     return stages
 
 

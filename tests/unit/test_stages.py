@@ -695,25 +695,3 @@ def test_a_piece_of_a_change_still_in_progress_vetoes_no_name():
         stages = detect_stages(stage + more, {}, rules)
         assert [(s.name, members(s)) for s in stages] == [(name, [("a/x", "up"), ("b/y", "up"), ("v/l", "down")])]
     assert not detect_stages(stage + [rest], {}, rules)[0].in_progress  # the piece's stage is said as it is
-
-
-def test_an_unnamed_stage_one_activity_with_a_kept_stage_and_never_said_is_taken_up_by_it():
-    """Live, a stage formed beside a confirmed one, at its time, is a piece of its activity that the
-    fits left apart: not said to begin (`one_activity`), and, over and with no name, taken up by
-    the confirmed stage unsaid (`_taken_up`; replayed on quickstart_tiny, induction_2l and
-    induction_tiny, 2026-11-28: a confirmed line less each). A stage said to begin is still
-    confirmed; one at another time, or one with a name, is a stage of its own."""
-    rules = StageRules(signatures=(Signature("N", moves=("e/v up",)),))
-    kept = detect_stages([event("a/x", 100), event("b/y", 100, "up")], {}, rules)
-    beside = [event("c/z", 110), event("d/w", 105, "up")]
-    later = [event("c/z", 1000), event("d/w", 1050, "up")]
-    going = detect_stages(beside[:1] + [{**beside[1], "under_way": True}], {}, rules, previous=kept, keep=kept)
-    assert [len(s.members) for s in going] == [2, 2]  # not over: not taken up (yet)
-    taken = detect_stages(beside, {}, rules, previous=going, keep=kept)
-    assert [(s.id, members(s)) for s in taken] == [(kept[0].id, [("a/x", "down"), ("b/y", "up"), ("c/z", "down"),
-                                                                 ("d/w", "up")])]
-    begun = detect_stages(beside, {}, rules, previous=going, keep=kept, begun=[going[1].id])
-    assert [(s.id, len(s.members)) for s in begun] == [(kept[0].id, 2), (going[1].id, 2)]
-    for other in (later, beside[:1] + [event("e/v", 105, "up")]):
-        assert len(detect_stages(other, {}, rules, previous=kept, keep=kept)) == 2
-    assert len(detect_stages([event("a/x", 100), event("b/y", 100, "up")] + beside, {}, rules)) == 1  # offline: one time
