@@ -72,9 +72,12 @@ def _scores(seed: int, messages: list[bytes]) -> np.ndarray:
     """`split_score(seed, xs)` of every input (`_enumerated`'s messages), equal to it: the
     digests read as big-endian 64-bit integers, each rounded once to a float64 as Python's
     int / 2**64 rounds it (tested)."""
-    prefix = str(seed).encode()
-    digests = b"".join(hashlib.blake2b(prefix + m, digest_size=8).digest() for m in messages)
-    return np.frombuffer(digests, dtype=">u8").astype(np.float64) / 2.0**64
+    seeded, digests = hashlib.blake2b(str(seed).encode(), digest_size=8), []
+    for message in messages:  # the seed hashed once, each input's message after it
+        h = seeded.copy()
+        h.update(message)
+        digests.append(h.digest())
+    return np.frombuffer(b"".join(digests), dtype=">u8").astype(np.float64) / 2.0**64
 
 
 @functools.lru_cache(maxsize=16)
