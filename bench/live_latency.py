@@ -482,8 +482,9 @@ def stages_table(runs: list[Path], looks: list[str], show: bool = False, lines: 
 def early_fit(config: str, k: int, run: Path, flags: list[str], calls: bool = False) -> dict:
     """One `phasewatch fit` of `config` logging densely early with `transitions.logs_per_doubling
     k` (0: every `log_every_n_steps` only), in a process of its own: its CPU time (user + system),
-    wall time, what it logged and ran (training-loss rows, probe runs, checkpoints), its console
-    stage lines, and with `calls` its Python function calls (cProfile, the whole process)."""
+    wall time, what it logged and ran (training-loss rows and probe runs, a population's first
+    member's; checkpoints, all members'), its console stage lines, and with `calls` its Python
+    function calls (cProfile, the whole process)."""
     import resource
 
     prof = run.with_suffix(".prof")
@@ -494,7 +495,7 @@ def early_fit(config: str, k: int, run: Path, flags: list[str], calls: bool = Fa
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
     (run / "console.txt").write_text(out)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (members(run)[0] / "metrics.jsonl").read_text().splitlines() if line.strip()]
     probed = {r["step"] for r in rows if any(not key.startswith(("train/", "val/", "lr", "step", "epoch", "time"))
                                             for key in r)}
     result = {"config": config, "k": k, "flags": flags, "cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
