@@ -157,7 +157,7 @@ class ProbeRunner(pl.Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         held_out, self._held_out = self._held_out, None
-        logits = None if held_out is None else held_out.logits(pl_module.task)
+        logits = None if held_out is None else held_out.logits(pl_module.task, _param_dtype(pl_module.model))
         if trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         self._validated_at = trainer.global_step
@@ -272,6 +272,11 @@ def eval_mode(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
     return modes
 
 
+def _param_dtype(model) -> torch.dtype | None:
+    """The dtype of the model's first parameter (None without parameters)."""
+    return next((p.dtype for p in model.parameters()), None)
+
+
 class HeldOutLogits:
     """The logits of one validation's passes (a forward hook on the model's native module,
     which `TrainModule.validation_step` runs on each held-out batch), for the `held_out` probes
@@ -282,15 +287,17 @@ class HeldOutLogits:
         self._handle = native_module(model).register_forward_hook(
             lambda module, args, output: self.seen.append((args[0] if args else None, output)))
 
-    def logits(self, task) -> list[torch.Tensor] | None:
+    def logits(self, task, dtype: torch.dtype | None = None) -> list[torch.Tensor] | None:
         """The logits of each of `task.val_batches()`, in order; None unless the passes were
-        exactly those batches (e.g. a population's validation, which runs otherwise). Stops
-        keeping them."""
+        exactly those batches (e.g. a population's validation, which runs otherwise) and, with
+        `dtype` (the model's), computed in it (not under a mixed-precision autocast, which the
+        probe's own pass would not share). Stops keeping them."""
         self.close()
         batches, seen, self.seen = task.val_batches(), self.seen, []
         same = len(seen) == len(batches) and all(
             tokens is not None and tokens.shape == batch.tokens.shape and torch.equal(tokens.cpu(), batch.tokens)
-            for (tokens, _), batch in zip(seen, batches))
+            and (dtype is None or logits.dtype == dtype)
+            for (tokens, logits), batch in zip(seen, batches))
         return [logits for _, logits in seen] if same else None
 
     def close(self) -> None:

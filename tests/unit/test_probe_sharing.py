@@ -80,3 +80,28 @@ def test_validation_logits_serve_the_held_out_probe(tmp_path):
     assert _run_validation(runner, trainer, module, [batch.tokens[:, :-1]]) == 1
     assert logged[1:] == [(50, expected), (50, expected)]
     assert not native_module(model)._forward_hooks  # nothing left on the model
+
+
+def test_validation_under_mixed_precision_does_not_serve_the_probe(tmp_path):
+    # logits of a bf16 autocast differ from the probe's own float32 pass: the probe runs its own
+    task, model = _digits()
+    (batch,) = task.val_batches()
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, global_step=25, max_steps=100,
+                              loggers=[logger], default_root_dir=str(tmp_path))
+    module = SimpleNamespace(model=model, task=task)
+    runner = ProbeRunner(names=["digit_tokens"])
+    runner.setup(trainer, module, "fit")
+    expected = per_token_metrics(model, task)
+    native = native_module(model)
+    runner.on_validation_start(trainer, module)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert native(batch.tokens).dtype == torch.bfloat16
+    calls = []
+    handle = native.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        runner.on_validation_end(trainer, module)
+    finally:
+        handle.remove()
+    assert len(calls) == 1 and logged == [(25, expected)]
