@@ -3,8 +3,9 @@
 A proxy population (baseline_setup.proxy_flags: the model shrunk, one thread) of `--config`
 with the config's default probes; counts the members' `TransitionWatcher.look` calls, those
 made whole (`stage_news` called; the others were cut short: nothing new to see), the detector's
-fits in them (`detect_transitions` on a series of 8 points or more; fewer give nothing), the
-CPU time in them and, with `--profile`, Python calls a member-step under cProfile. `--tree DIR`
+fits in them (`detect_transitions` on a series of 8 points or more; fewer give nothing), of
+those made afresh (not an earlier call's answer for the same points: session 18), the CPU time
+in them and, with `--profile`, Python calls a member-step under cProfile. `--tree DIR`
 times the phasewatch package in DIR (e.g. `git archive <commit> phasewatch bench | tar -x -C
 DIR`), so that two trees compare in the same conditions, one process each.
 
@@ -39,11 +40,12 @@ import lightning.pytorch as pl  # noqa: E402
 
 import phasewatch  # noqa: E402
 import phasewatch.callbacks.transitions as watching  # noqa: E402
+import phasewatch.phases.detector as detector  # noqa: E402
 from phasewatch.callbacks.transitions import TransitionWatcher  # noqa: E402
 
 assert phasewatch.__file__.startswith(tree), f"phasewatch from {phasewatch.__file__}, not {tree}"
 torch.set_num_threads(1)
-count = {"looks": 0, "whole": 0, "cpu": 0.0, "fits": 0}
+count = {"looks": 0, "whole": 0, "cpu": 0.0, "fits": 0, "afresh": 0}
 LOOK, STAGE_NEWS, DETECT = TransitionWatcher.look, TransitionWatcher.stage_news, watching.detect_transitions
 
 
@@ -67,6 +69,16 @@ def detect_transitions(steps, *args, **kwargs):
 
 
 TransitionWatcher.look, TransitionWatcher.stage_news = look, stage_news
+AFRESH = getattr(detector, "_detect", None)  # a tree from before session 18 makes every fit afresh
+
+
+def afresh(*args, **kwargs):
+    count["afresh"] += 1
+    return AFRESH(*args, **kwargs)
+
+
+if AFRESH is not None:
+    detector._detect = afresh
 watching.detect_transitions = detect_transitions
 
 
@@ -78,7 +90,7 @@ def args(folder: str, seeds: str) -> list[str]:
 
 with tempfile.TemporaryDirectory() as tmp:
     fit_with_callback(args(tmp, "0-1"), pl.Callback())  # imports and first calls
-count.update(looks=0, whole=0, cpu=0.0, fits=0)
+count.update(looks=0, whole=0, cpu=0.0, fits=0, afresh=0)
 profile = cProfile.Profile()
 with tempfile.TemporaryDirectory() as tmp:
     t0 = time.process_time()
@@ -89,7 +101,7 @@ with tempfile.TemporaryDirectory() as tmp:
         profile.disable()
     cpu = time.process_time() - t0
 print(f"{tree}: {a.members} members x {a.steps} steps: looks {count['looks']}, made whole {count['whole']}, "
-      f"detector fits {count['fits']}, "
+      f"detector fits {count['fits']} ({count['afresh'] if AFRESH else count['fits']} afresh), "
       f"CPU in looks {count['cpu']:.2f} s of {cpu:.2f} s")
 if a.profile:
     calls = pstats.Stats(profile).total_calls

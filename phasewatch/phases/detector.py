@@ -399,6 +399,32 @@ def detect_transitions(
     t, y, use_log = _prepare(steps, values, cfg.log_values if scale is None else scale)
     if len(t) < 8 or np.ptp(t) == 0:
         return []
+    return _remembered(("fit", t.tobytes(), y.tobytes(), use_log, dataclasses.astuple(cfg), trends, in_progress, spikes),
+                       metric, lambda: _detect(t, y, use_log, metric, cfg, trends, in_progress, spikes))
+
+
+#: how many recent results `_remembered` keeps
+REMEMBERED = 64
+_RECENT: dict[tuple, list[dict] | dict | None] = {}
+
+
+def _remembered(key: tuple, metric: str, compute: Callable[[], list[dict] | dict | None]) -> list[dict] | dict | None:
+    """`compute()`'s events (a list of event dicts, one dict, or None) for `key`, the same input
+    as one of the last `REMEMBERED` calls' (points, scale, settings: e.g. two keys logging the same
+    values, as the induction heads' counts can): that call's events as copies, with this `metric`."""
+    found = _RECENT.pop(key, _RECENT)  # the dict itself: not there
+    if found is _RECENT:
+        found = compute()
+        if len(_RECENT) >= REMEMBERED:  # the least recently asked for goes
+            _RECENT.pop(next(iter(_RECENT)), None)
+    _RECENT[key] = found
+    renamed = lambda e: {**e, "metric": metric}  # noqa: E731
+    return None if found is None else renamed(found) if isinstance(found, dict) else [renamed(e) for e in found]
+
+
+def _detect(t: np.ndarray, y: np.ndarray, use_log: bool, metric: str, cfg: DetectorConfig, trends: bool,
+            in_progress: bool, spikes: bool) -> list[dict]:
+    """`detect_transitions` of prepared points (`_prepare`: 8 or more, over more than one step)."""
     spike, spike_z, spike_r = _outliers(t, y)
     found = [_spike_event(metric, use_log, t[i], y[i] - spike_r[i], y[i], spike_z[i]) for i in np.flatnonzero(spike)]
     found = found if spikes else []
@@ -685,6 +711,12 @@ def departure(steps: Sequence[float], values: Sequence[float], metric: str = "",
     n = len(t)
     if n < DEPARTURE_BASELINE + 1 or np.ptp(y) <= FLAT * float(np.max(np.abs(y))):
         return None
+    return _remembered(("departure", t.tobytes(), y.tobytes(), bar), metric, lambda: _departure(t, y, metric, bar))
+
+
+def _departure(t: np.ndarray, y: np.ndarray, metric: str, bar: float) -> dict | None:
+    """`departure` of prepared points (`_prepare`: more than `DEPARTURE_BASELINE`, not constant)."""
+    n = len(t)
     residuals = _point_residuals(t, y)[1]  # residuals[i] is point i + 1's: a window's are a slice of them
     noise = max(_robust_scale(residuals), NOISE_FLOOR * float(np.ptp(y)))
     best, starts = None, set()
