@@ -213,6 +213,7 @@ class TransitionWatcher(pl.Callback):
         self._looked: dict[str, int] = {}  # series -> its number of points when last looked at
         self._examined: list[str] = []  # the series the last `update` examined (detector or departure test)
         self._keys: dict[str, str | None | bool] = {}  # series -> False (not watched) or its declared scale (`_declared`)
+        self._details: dict[str, bool] = {}  # series -> `is_detail` (`_detail`)
         self._rest: int | None = None  # the points logged when the last look left its stages as they were
         self._departed: dict[str, int] = {}  # ... when the departure test last looked at it
         self._fits_under_way: dict[str, list[dict]] = {}  # series -> the detector's changes not yet confirmed (last look)
@@ -281,7 +282,7 @@ class TransitionWatcher(pl.Callback):
         (adaptive resolution) and the bars for the `looks` it plans in all against the
         `validations` looks it would make without the grid (`bar_for`; None: the bars as given)."""
         self._look_grid = set(self.look_steps(max_steps, [])) - {max_steps} if max_steps > 0 else set()
-        self._keys = {}  # the keys' declarations as they are for this run (`_declared`)
+        self._keys, self._details = {}, {}  # the keys' declarations as they are for this run (`_declared`, `_detail`)
         self._planned, self._reference = (looks, validations) if looks and validations else (1, 1)
         self._dense_steps = set(Schedule(kind="log", count=self.dense_count).resolve(max_steps)) if self.dense else set()
 
@@ -348,7 +349,7 @@ class TransitionWatcher(pl.Callback):
         under_way = [] if final else [{**e, "under_way": True} for fits in self._fits_under_way.values() for e in fits
                                        if not self._confirmed(e, series.get(e["metric"], ((), ()))[0])
                                        and e["confidence"] >= self._sure_enough()]
-        watched = {k: s for k, s in series.items() if not is_detail(k)}
+        watched = {k: s for k, s in series.items() if not self._detail(k)}
         kept = [s for s in self.stages if self._said.get(s.id) == "confirmed"]  # said confirmed: kept as said
         # ids carry from the last look's stages and from those said to begin, even if a look lost them
         self._begun.update({s.id: s for s in self.stages if self._said.get(s.id) == "begins"})
@@ -421,6 +422,12 @@ class TransitionWatcher(pl.Callback):
             watched = key in self.metrics if self.metrics is not None else not is_detail(key)
             self._keys[key] = declared_scale(key) if watched else False
         return self._keys[key]
+
+    def _detail(self, key: str) -> bool:
+        """`is_detail(key)`, each key's answer kept (as `_declared`'s: a look asks it of every series)."""
+        if (detail := self._details.get(key)) is None:
+            detail = self._details[key] = is_detail(key)
+        return detail
 
     def _under_way(self, key: str, step: int) -> bool:
         """A change in the series waits to be found again, or has had an onset pending for no
