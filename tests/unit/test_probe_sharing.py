@@ -42,14 +42,15 @@ def test_per_token_metrics_by_the_definition_and_from_given_logits():
     assert given["digits/acc/1"] == 0.0 and abs(given["digits/loss/1"] - 100.0) < 1e-4
 
 
-def _run_validation(runner, trainer, module, passes):
+def _run_validation(runner, trainer, module, passes, autocast: torch.dtype | None = None):
     """The callback around a validation whose passes are `passes` (token batches), as
-    `TrainModule.validation_step` runs them; the native module's passes during the probes."""
+    `TrainModule.validation_step` runs them (under a CPU autocast to `autocast` if given, as a
+    mixed-precision trainer runs them); the native module's passes during the probes."""
     native = native_module(module.model)
     runner.on_validation_start(trainer, module)
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         for tokens in passes:
-            native(tokens)
+            assert native(tokens).dtype == (autocast or torch.float32)
     calls = []
     handle = native.register_forward_hook(lambda *args: calls.append(1))
     try:
@@ -59,9 +60,10 @@ def _run_validation(runner, trainer, module, passes):
     return len(calls)
 
 
-def test_validation_logits_serve_the_held_out_probe(tmp_path):
+def _runner(tmp_path):
+    """A digit_tokens ProbeRunner set up on a fitting trainer at step 25, what it logs, and the
+    values of the probe's own pass."""
     task, model = _digits()
-    (batch,) = task.val_batches()
     logged = []
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
     trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, global_step=25, max_steps=100,
@@ -69,7 +71,12 @@ def test_validation_logits_serve_the_held_out_probe(tmp_path):
     module = SimpleNamespace(model=model, task=task)
     runner = ProbeRunner(names=["digit_tokens"])
     runner.setup(trainer, module, "fit")
-    expected = per_token_metrics(model, task)
+    return runner, trainer, module, logged, per_token_metrics(model, task)
+
+
+def test_validation_logits_serve_the_held_out_probe(tmp_path):
+    runner, trainer, module, logged, expected = _runner(tmp_path)
+    (batch,) = module.task.val_batches()
     # validation's pass over the held-out batch serves the probe: no pass of its own
     assert _run_validation(runner, trainer, module, [batch.tokens]) == 0
     assert logged == [(25, expected)]
@@ -79,29 +86,12 @@ def test_validation_logits_serve_the_held_out_probe(tmp_path):
     assert _run_validation(runner, trainer, module, []) == 1
     assert _run_validation(runner, trainer, module, [batch.tokens[:, :-1]]) == 1
     assert logged[1:] == [(50, expected), (50, expected)]
-    assert not native_module(model)._forward_hooks  # nothing left on the model
+    assert not native_module(module.model)._forward_hooks  # nothing left on the model
 
 
 def test_validation_under_mixed_precision_does_not_serve_the_probe(tmp_path):
     # logits of a bf16 autocast differ from the probe's own float32 pass: the probe runs its own
-    task, model = _digits()
-    (batch,) = task.val_batches()
-    logged = []
-    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
-    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, global_step=25, max_steps=100,
-                              loggers=[logger], default_root_dir=str(tmp_path))
-    module = SimpleNamespace(model=model, task=task)
-    runner = ProbeRunner(names=["digit_tokens"])
-    runner.setup(trainer, module, "fit")
-    expected = per_token_metrics(model, task)
-    native = native_module(model)
-    runner.on_validation_start(trainer, module)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        assert native(batch.tokens).dtype == torch.bfloat16
-    calls = []
-    handle = native.register_forward_hook(lambda *args: calls.append(1))
-    try:
-        runner.on_validation_end(trainer, module)
-    finally:
-        handle.remove()
-    assert len(calls) == 1 and logged == [(25, expected)]
+    runner, trainer, module, logged, expected = _runner(tmp_path)
+    (batch,) = module.task.val_batches()
+    assert _run_validation(runner, trainer, module, [batch.tokens], autocast=torch.bfloat16) == 1
+    assert logged == [(25, expected)]
