@@ -22,7 +22,7 @@ from phasewatch.loggers.run_folder import run_folder
 from phasewatch.callbacks.schedule import Schedule
 from phasewatch.callbacks.transitions import dense_metrics, dense_probes
 from phasewatch.errors import require
-from phasewatch.models import native_module
+from phasewatch.models import eval_mode, native_module, restore_modes
 from phasewatch.probes import check_options, default_probes, get_probe
 from phasewatch.callbacks.console import say
 from phasewatch.probes.keys import is_announced, is_tracked, tracked_name
@@ -256,20 +256,7 @@ def measure(model, task, probes: list, options: dict[str, dict], initial=None,
                     clock.record(p.name, time.perf_counter() - started)
         return out
     finally:
-        for module, training in modes:
-            module.training = training
-
-
-def eval_mode(model: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
-    """Every module of `model` in eval mode, as `model.eval()` leaves them (a bridge's own
-    model too: not a registered submodule, its `train` reaches it), each set once; returns
-    each module's mode before, to put back. `nn.Module.train` visits a bridge's modules along
-    every path that reaches them (over 400 visits of under 100 modules)."""
-    modules = {*model.modules(), *native_module(model).modules()}
-    modes = [(module, module.training) for module in modules]
-    for module in modules:
-        module.training = False
-    return modes
+        restore_modes(modes)
 
 
 def _param_dtype(model) -> torch.dtype | None:

@@ -142,6 +142,24 @@ def native_module(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "original_model", model)
 
 
+def eval_mode(*models: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
+    """Every module of `models` in eval mode, as `model.eval()` leaves them (a bridge's own
+    model too: not a registered submodule, its `train` reaches it), each set once; returns each
+    module's mode before, for `restore_modes`. `nn.Module.train` visits a bridge's modules along
+    every path that reaches them (over 400 visits of under 100 modules; bench/README.md, fit_speed)."""
+    modules = {m for model in models for root in (model, native_module(model)) for m in root.modules()}
+    modes = [(module, module.training) for module in modules]
+    for module in modules:
+        module.training = False
+    return modes
+
+
+def restore_modes(modes: list[tuple[torch.nn.Module, bool]]) -> None:
+    """Each module's mode as `eval_mode` found it."""
+    for module, training in modes:
+        module.training = training
+
+
 def _slots(module: torch.nn.Module) -> tuple[list[tuple[torch.nn.Module, str, torch.Tensor]], dict[str, list[str]]]:
     """Every parameter entry of `module`'s submodules once, as (submodule, name, what it holds)
     (a submodule reached under several paths counted once), and for each parameter's name (as

@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from phasewatch.callbacks.checkpoints import shared_views
 from phasewatch.callbacks.interventions import Interventions
 from phasewatch.callbacks.transitions import TransitionWatcher
-from phasewatch.models import ModelConfig, build_model, call_with, native_module, parameters_kept
+from phasewatch.models import (ModelConfig, build_model, call_with, eval_mode, native_module, parameters_kept,
+                               restore_modes)
 from phasewatch.models.plain import plain_twin
 from phasewatch.errors import ConfigError, require, require_int  # noqa: F401
 from phasewatch.tasks.base import Batch, Task, masked_loss, masked_loss_and_acc
@@ -416,18 +417,12 @@ class TrainModule(pl.LightningModule):
 
     def on_validation_model_eval(self) -> None:
         """Every module in eval mode for validation, as Lightning's `trainer.model.eval()`, and
-        the bridge's own model too (not a registered submodule: the bridge's `train` reaches it),
-        each set once: `nn.Module.train` visits a bridge's modules along every path that reaches
-        them, over 400 visits of under 100 modules (bench/README.md, fit_speed)."""
-        modules = {*self.trainer.model.modules(), *native_module(self.model).modules()}
-        self._modes_before_validation = [(module, module.training) for module in modules]
-        for module in modules:
-            module.training = False
+        the bridge's own model too, each set once (`eval_mode`)."""
+        self._modes_before_validation = eval_mode(self.trainer.model, self.model)
 
     def on_validation_model_train(self) -> None:
         """Every module's mode as it was before validation (`on_validation_model_eval`)."""
-        for module, training in self._modes_before_validation:
-            module.training = training
+        restore_modes(self._modes_before_validation)
         self._modes_before_validation = []
 
     def on_validation_epoch_start(self) -> None:
