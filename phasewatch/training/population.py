@@ -625,16 +625,21 @@ def encoded_members(tasks: list, step: int, batch_size: int | None, length: int)
     """`padded_members` of the members' training batches at `step`, for a task that draws a
     batch as its length and inputs (`train_rows`, RASP tasks): each member's own draw, then
     the members of one length encoded and padded together (`encoded`: a length's inputs
-    encoded once for every member), not member by member. None where a task does not draw so."""
-    draws = [task.train_rows(step, batch_size) if hasattr(task, "train_rows") else None for task in tasks]
-    if any(d is None for d in draws):
+    encoded once for every member), not member by member; a member whose step draws a length
+    too many to list (`train_rows` None) draws its own batch (`train_batch`). None where a task
+    does not draw so."""
+    if not all(hasattr(task, "train_rows") for task in tasks):
         return None
+    draws = [task.train_rows(step, batch_size) for task in tasks]
     groups: dict[int, list[int]] = {}
-    for k, (n, _) in enumerate(draws):
-        groups.setdefault(n, []).append(k)
+    for k, drawn in enumerate(draws):
+        if drawn is not None:
+            groups.setdefault(drawn[0], []).append(k)
+    alone = [k for k, drawn in enumerate(draws) if drawn is None]
     parts = _attending([padded(tasks[0].encoded(n, torch.stack([draws[k][1] for k in members])), length)
-                        for n, members in groups.items()])
-    back = torch.argsort(torch.tensor([k for members in groups.values() for k in members]))
+                        for n, members in groups.items()]
+                       + [stack_batches([padded(tasks[k].train_batch(step, batch_size), length)]) for k in alone])
+    back = torch.argsort(torch.tensor([k for members in groups.values() for k in members] + alone))
     extras = {"attend": torch.cat([p.extras["attend"] for p in parts])[back]} if "attend" in parts[0].extras else {}
     return Batch(*(torch.cat([getattr(p, f) for p in parts])[back] for f in ("tokens", "targets", "loss_mask")), extras)
 

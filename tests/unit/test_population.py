@@ -191,21 +191,24 @@ def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_b
             assert torch.equal(population.stacked[name.replace(".", "__")].grad[1], param.grad), name
 
 
-@pytest.mark.parametrize("min_len", [1, 4])
-def test_a_rasp_populations_batches_encoded_a_length_at_a_time_are_each_members_own(min_len):
+@pytest.mark.parametrize("vocab,min_len,max_len", [([1, 2, 3], 1, 4), ([1, 2, 3], 4, 4),
+                                                   (list(range(1, 11)), 5, 6)])
+def test_a_rasp_populations_batches_encoded_a_length_at_a_time_are_each_members_own(vocab, min_len, max_len):
     """The population's RASP batches (`_Lockstep`: each member's own draw, the members of one
     length encoded and padded together, `encoded_members`) are tensor for tensor the members'
     own `train_batch`es padded and stacked as the training step pads them (`padded_members`),
     from a resumed run's step on; with lengths 4 of 4 only, where every member's batch is
-    the longest and nothing is padded, too."""
+    the longest and nothing is padded, too; and where length 6 has too many inputs to list
+    (10**6, drawn by rejection, `train_rows` None) beside length 5's listed ones, in one step."""
     from phasewatch.tasks.rasp import RaspTask
     from phasewatch.training.module import TaskDataModule
     from phasewatch.training.population import _Lockstep, member_batches, padded_members
 
-    tasks = [RaspTask(program="reverse", vocab=[1, 2, 3], max_seq_len=4, min_seq_len=min_len, batch_size=3, seed=s)
-             for s in (0, 5, 2, 9, 4)]
-    lockstep, attends = iter(_Lockstep([TaskDataModule(t) for t in tasks], 3)), set()
+    tasks = [RaspTask(program="reverse", vocab=vocab, max_seq_len=max_len, min_seq_len=min_len, batch_size=3, seed=s,
+                      n_val_per_length=8) for s in (0, 5, 2, 9, 4)]
+    lockstep, attends, mixed = iter(_Lockstep([TaskDataModule(t) for t in tasks], 3)), set(), 0
     for step in range(3, 33):
+        mixed += len({t.train_rows(step, None) is None for t in tasks}) == 2
         together = next(lockstep)
         alone = padded_members(member_batches([t.train_batch(step, None) for t in tasks]), tasks[0].n_ctx)
         assert together.extras.keys() == alone.extras.keys(), step
@@ -214,7 +217,11 @@ def test_a_rasp_populations_batches_encoded_a_length_at_a_time_are_each_members_
         if "attend" in alone.extras:
             assert torch.equal(together.extras["attend"], alone.extras["attend"]), step
             attends.add(bool(alone.extras["attend"].all(-1).any()))  # a member at the longest length among padded ones
-    assert attends == ({True, False} if min_len == 1 else set())
+    if max_len == 4:
+        assert attends == ({True, False} if min_len == 1 else set())
+    else:  # steps with a member of length 6 (rejection-drawn) among padded ones, and steps mixing both draws
+        assert True in attends
+    assert (mixed > 0) == (max_len == 6)
 
 
 @pytest.mark.parametrize("shared", [True, False])
