@@ -56,7 +56,11 @@ class Signature:
     KEY): only where most of its change came while KEY, what it is measured against, held one
     value, and then by that part alone (`counts`). Each `during` entry (as `moves`) names
     moves that count for `moves` also where the series changes so over the stage's span by
-    `MOVE` of its range, a member or not (`spanned`). A signature names at most one stage of a
+    `MOVE` of its range, a member or not (`spanned`). Each `reaches` entry, "KEY >= LEVEL" or
+    "KEY <= LEVEL" (KEY a regular expression matched in full), is a level the run is at when the
+    stage ends: every logged series matching KEY, read at the stage's end (`reached`), must be at
+    or past LEVEL (a phase defined by what the model has come to do, e.g. memorisation: the
+    training set fitted). A signature names at most one stage of a
     run; signatures declaring the same `sequence` name stages in their declared order
     (`assign_names`).
     """
@@ -70,6 +74,7 @@ class Signature:
     outpaces: tuple[tuple[str, str], ...] = ()
     steady: tuple[tuple[str, str], ...] = ()
     during: tuple[str, ...] = ()
+    reaches: tuple[str, ...] = ()
 
     def __post_init__(self):
         for entry in self.moves + self.absent + self.during:
@@ -80,6 +85,12 @@ class Signature:
                 re.compile(parts[0])
         for pattern, _ in self.outpaces + self.steady:
             re.compile(pattern)
+        for entry in self.reaches:
+            parts = entry.split()
+            if len(parts) != 3 or parts[1] not in (">=", "<="):
+                raise ValueError(f"signature {self.name!r}: {entry!r} is not 'KEY >=|<= LEVEL'")
+            re.compile(parts[0])
+            float(parts[2])
 
     def counts(self, member: dict, series: dict) -> bool:
         """Whether a member (an event with `metric`, `direction`, `onset`, `end`) counts as a move
@@ -111,15 +122,32 @@ class Signature:
                    for pattern, d in alternatives for key, direction in moved)
 
     def matches(self, moved: set[tuple[str, str]], keys: Iterable[str] = (),
-                spanned: set[tuple[str, str]] = frozenset(), vetoing: set[tuple[str, str]] | None = None) -> bool:
+                spanned: set[tuple[str, str]] = frozenset(), vetoing: set[tuple[str, str]] | None = None,
+                reached: bool = True) -> bool:
         """Whether a stage whose members moved so ((key, direction) pairs) matches, in a run
         logging `keys`; `spanned`: the `during` moves of its series over its span (`spanned`);
         `vetoing`: the moves `absent` is judged on (default `moved`; live, a member whose change
-        goes on under way vetoes nothing: `detect_stages`)."""
-        if self.run_has is not None and not any(re.fullmatch(self.run_has, k) for k in keys):
+        goes on under way vetoes nothing: `detect_stages`); `reached`: whether the run is at the
+        levels of `reaches` at the stage's end (`reached`)."""
+        if not reached or self.run_has is not None and not any(re.fullmatch(self.run_has, k) for k in keys):
             return False
         return (all(self._has(e, moved | spanned) for e in self.moves)
                 and not any(self._has(e, moved if vetoing is None else vetoing) for e in self.absent))
+
+    def reached(self, series: dict, end: float) -> bool:
+        """Whether every series matching a `reaches` entry's KEY is at or past its LEVEL at step
+        `end` (the stage's end; interpolated in log-step between logged steps, the last logged
+        value after the series' last step: live, the level so far). A series not logged (no two
+        finite points) passes: the level is not known."""
+        for pattern, op, level in (entry.split() for entry in self.reaches):
+            for key in (k for k in series if re.fullmatch(pattern, k)):
+                points = _points(series[key])
+                if points is None:
+                    continue
+                value = _value_at(*points, end)
+                if not (value >= float(level) if op == ">=" else value <= float(level)):
+                    return False
+        return True
 
     def spanned(self, series: dict, onset: int, end: int,
                 elsewhere: set[tuple[str, str]] = frozenset()) -> set[tuple[str, str]]:
@@ -463,19 +491,20 @@ def stage_type(onset: int, end: int, series: dict) -> str | None:
 
 
 def _evidence(signature: Signature, members: list[dict], others: Iterable[list[dict]], series: dict,
-              unsettled: set[int] = frozenset()) -> tuple[set[tuple[str, str]], ...]:
+              unsettled: set[int] = frozenset()) -> tuple:
     """What a stage (its `members`) shows of a signature: the (series, direction) pairs of its
     members that count (`Signature.counts`), its series' `during` moves over its span (its
     members' earliest onset to latest end) that are no transition of the `others` (other stages'
-    members) over those steps (`Signature.spanned`), and the pairs that veto (`absent`): those of
-    the members that count and are not in `unsettled` (ids of members whose change goes on)."""
+    members) over those steps (`Signature.spanned`), the pairs that veto (`absent`): those of
+    the members that count and are not in `unsettled` (ids of members whose change goes on), and
+    whether the run is at the signature's levels at the span's end (`Signature.reached`)."""
     span = (min(m["onset"] for m in members), max(m["end"] for m in members)) if members else (0, 0)
     elsewhere = {(m["metric"], m["direction"]) for other in others for m in other
                  if m["onset"] < span[1] and m["end"] > span[0]}
     counting = [m for m in members if signature.counts(m, series)]
     moved = {(m["metric"], m["direction"]) for m in counting}
     vetoing = {(m["metric"], m["direction"]) for m in counting if id(m) not in unsettled}
-    return moved, signature.spanned(series, *span, elsewhere), vetoing
+    return moved, signature.spanned(series, *span, elsewhere), vetoing, signature.reached(series, span[1])
 
 
 def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: dict,
@@ -496,9 +525,9 @@ def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: 
         if (signature is None or other.name is not None or id(other) in moving or id(named) in moving
                 or any(other is k for k in kept) or other.onset > named.end or named.onset > other.end):
             return False
-        moved, spanned, _ = _evidence(signature, other.members, [s.members for s in stages if s is not other
-                                                                 and s is not named], series)
-        return signature.matches(moved, keys, spanned)
+        moved, spanned, _, reached = _evidence(signature, other.members, [s.members for s in stages if s is not other
+                                                                          and s is not named], series)
+        return signature.matches(moved, keys, spanned, reached=reached)
 
     while True:
         pair = next(((n, o) for a, b in zip(stages, stages[1:]) for n, o in ((a, b), (b, a)) if continues(n, o)), None)
@@ -534,7 +563,8 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
         evidence = {s.name: _evidence(s, members, [o for j, o in enumerate(stages) if j != i], series, unsettled)
                     for s in rules.signatures}
         matched.append([s for s in rules.signatures if s.matches(evidence[s.name][0], keys, *evidence[s.name][1:])])
-        strong.append({s.name for s in matched[-1] if s.matches(evidence[s.name][0], keys, vetoing=evidence[s.name][2])})
+        strong.append({s.name for s in matched[-1] if s.matches(evidence[s.name][0], keys, vetoing=evidence[s.name][2],
+                                                                reached=evidence[s.name][3])})
     for i, name in fixed.items():
         matched[i], strong[i] = [s for s in rules.signatures if s.name == name], {name}
     sequence_of = {s.name: s.sequence for s in rules.signatures}

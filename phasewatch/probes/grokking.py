@@ -249,12 +249,17 @@ _NANDA = "Nanda et al. 2023"
 #: measured on each checkpoint's own key frequencies (`fit`), the restricted and excluded losses
 #: jump when the set changes: only their changes at one set count (docs/stages.md, Names)
 _STEADY = ((r"grok/(restricted|excluded)_loss", "grok/n_key_freqs"),)
+#: memorisation is the training set fitted: the training accuracy, where logged, on at least half
+#: of it when the stage ends (a rise from 4% to 14% is no memorisation; docs/stages.md, Names)
+_MEMORISED = ("train/acc >= 0.5",)
 #: the three phases of Nanda et al. 2023 (section 5.1), by what moves in them and in their order
 #: (each at most once; docs/stages.md)
 STAGES = (
     Signature("memorisation", moves=(_TRAIN,), absent=("val/loss down",), run_has=_GROKKING_RUN, sequence=_NANDA,
-              source="Nanda et al. 2023, sec. 5.1: first, the train loss falls while the test loss does not "
-                     "(the test accuracy may leave chance: no veto, docs/stages.md)"),
+              reaches=_MEMORISED,
+              source="Nanda et al. 2023, sec. 5.1: first, the model memorises the training data: the train loss "
+                     "falls while the test loss does not (the test accuracy may leave chance: no veto), and the "
+                     "training accuracy ends on most of the training set (docs/stages.md)"),
     Signature("circuit formation", moves=("grok/restricted_loss down | grok/excluded_loss up",),
               absent=("train/acc up",) + _TEST, run_has=_GROKKING_RUN, sequence=_NANDA,
               outpaces=(("grok/restricted_loss", "train/loss"),), steady=_STEADY,

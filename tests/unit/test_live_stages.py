@@ -170,3 +170,24 @@ def test_a_stage_at_one_time_with_one_already_said_is_said_once_confirmed_not_as
     assert [n[:2] for n in look(w, 600, first + done, [], series)] == [("confirmed", 2)]
     later = [change("val/loss", 600, 700, 800, under_way=True), change("grok/gini_embed", 610, 710, 820, "up", under_way=True)]
     assert [n[:2] for n in look(w, 850, first + done, later, series)] == [("begins", 3)]
+
+
+def test_an_early_small_rise_confirmed_live_is_not_memorisation_the_training_set_fitted_is():
+    """Logged densely early, quickstart_tiny's first small rise of the training accuracy (0.04 ->
+    0.14 over steps 8-11, the training loss with it) is a transition of the series seen so far and
+    is confirmed within a few steps; it took the name memorisation, and the real memorisation
+    (22-41, to 1.0) was confirmed unnamed (sessions 17-18). The level memorisation must reach
+    (the training accuracy >= 0.5 at the stage's end) keeps the name for the real one."""
+    from tests.unit.test_stages import _early_rise_run
+
+    early, memorised, series = (x if isinstance(x, dict) else [{**e, "stage": "confirmed"} for e in x]
+                                for x in _early_rise_run())
+    w = TransitionWatcher()
+
+    def upto(step):
+        return {k: (s[s <= step], v[s <= step]) for k, (s, v) in series.items()}
+    said = look(w, 16, early, [], upto(16))
+    assert [(what, name) for what, _, name, _, _ in said] == [("confirmed", None)]
+    said = look(w, 60, early + memorised, [], upto(60))
+    assert [(what, name) for what, _, name, _, _ in said] == [("confirmed", "memorisation")]
+    assert [(s.onset, s.name) for s in w.stages] == [(8, None), (22, "memorisation")]

@@ -181,6 +181,7 @@ def test_the_declared_signatures_name_the_grokking_phases_in_order():
               event("val/loss", 3000), event("val/acc", 3100, "up"), event("grok/weight_norm", 3200),
               event("grok/gini_neuron_logit", 3000, "up")]
     series = {k: flat() for k in {e["metric"] for e in events}}
+    series["train/acc"] = step_series(30, "up")  # the training set fitted by memorisation's end
     stages = detect_stages(events, series, stage_rules())
     assert [s.name for s in stages] == ["memorisation", "circuit formation", "cleanup"]
     assert all(m["series"] != "grok/key_freq/14" for s in stages for m in s.members)
@@ -695,3 +696,43 @@ def test_a_piece_of_a_change_still_in_progress_vetoes_no_name():
         stages = detect_stages(stage + more, {}, rules)
         assert [(s.name, members(s)) for s in stages] == [(name, [("a/x", "up"), ("b/y", "up"), ("v/l", "down")])]
     assert not detect_stages(stage + [rest], {}, rules)[0].in_progress  # the piece's stage is said as it is
+
+
+def _early_rise_run():
+    """quickstart_tiny logged densely early (K = 16, session 17-18, seed 5): the training
+    accuracy rises 0.04 -> 0.14 over steps 8-11 (the training loss falling with it), then
+    memorises the training set, 0.14 -> 1.0 over steps 22-41; the restricted loss logged (a
+    grokking run). The detector's transitions of each rise, and the series."""
+    steps = np.arange(1, 200)
+    t = np.log10(steps)
+
+    def rise(mid, decades):  # a logistic step in log-step time, 10-90% over `decades`
+        return 1 / (1 + np.exp(-(t - math.log10(mid)) / (decades / (2 * math.log(9)))))
+    acc = 0.04 + 0.10 * rise(9.5, 0.14) + 0.86 * rise(30, 0.27)
+    series = {"train/acc": (steps, acc), "train/loss": (steps, 3.5 - 0.4 * rise(9.5, 0.14) - 3.0 * rise(30, 0.27)),
+              "grok/restricted_loss": (steps, np.full(len(steps), 3.4))}
+    early = [{**event("train/acc", 10, "up"), "onset": 8, "end": 11}, {**event("train/loss", 10), "onset": 8, "end": 11}]
+    memorised = [{**event("train/acc", 30, "up"), "onset": 22, "end": 41}, {**event("train/loss", 31), "onset": 22, "end": 42}]
+    return early, memorised, series
+
+
+def test_memorisation_is_the_training_set_fitted_not_a_small_early_rise():
+    """Nanda et al. 2023's memorisation is the model fitting its training set: a stage ending with
+    the training accuracy at 0.14 does not match it (`reaches`: train/acc >= 0.5 at the stage's
+    end), so the name goes to the stage that takes it to 1, not to the earlier stage (which the
+    order's "earlier stages first" gave it). Where the run logs no training accuracy the level is
+    not known and the test passes."""
+    import phasewatch.probes  # noqa: F401
+    from phasewatch.probes.keys import stage_rules
+
+    early, memorised, series = _early_rise_run()
+    stages = detect_stages(early + memorised, series, stage_rules())
+    assert [(s.onset, s.end) for s in stages] == [(8, 11), (22, 42)]
+    assert [s.name for s in stages] == [None, "memorisation"]
+    # the early rise alone: no memorisation (the level is read at the stage's end, 0.14)
+    assert [s.name for s in detect_stages(early, series, stage_rules())] == [None]
+    memorisation = next(s for s in stage_rules().signatures if s.name == "memorisation")
+    assert not memorisation.reached(series, 11) and memorisation.reached(series, 42)
+    assert memorisation.reached({k: v for k, v in series.items() if k != "train/acc"}, 11)
+    with pytest.raises(ValueError):
+        Signature("bad", moves=("train/acc up",), reaches=("train/acc > 0.5",))
