@@ -1,5 +1,6 @@
-"""The model factory: `ModelConfig`, `build_model`, a fresh copy of a model's
-architecture (`fresh_like`), and the plain PyTorch module inside a bridge (`native_module`).
+"""The model factory: `ModelConfig`, `build_model` (`one_build`: a bridge's construction paid
+once for many models of one architecture), a fresh copy of a model's architecture
+(`fresh_like`), and the plain PyTorch module inside a bridge (`native_module`).
 
 Models are TransformerLens 4 bridges built with `TransformerBridge.boot_native` from a
 `ModelConfig`, with the usual hooks (`blocks.L.attn.hook_pattern`, ...) and weight views
@@ -12,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from typing import Any
+import re
+from typing import Any, Iterator
 
 import torch
 
@@ -115,13 +117,69 @@ def build_model(cfg: ModelConfig, task: Task) -> torch.nn.Module:
         normalization_type=None if c.normalization == "none" else c.normalization, attn_only=c.attn_only,
         attention_dir=c.attention, seed=c.seed, tokenizer_prepends_bos=False,
     )
-    model = TransformerBridge.boot_native(bridge_cfg)
+    key = (*dataclasses.astuple(c), task.d_vocab, task.d_vocab_out)
+    built = _BUILT[-1] if _BUILT and c.seed is None else None  # (a seeded build forks the RNG: built alone)
+    if built is not None and key in built:
+        model = _drawn_copy(built[key], bridge_cfg)
+    else:
+        model = TransformerBridge.boot_native(bridge_cfg)
+        if built is not None:
+            built[key] = copy.deepcopy(model)  # untouched by what its first model goes through
     if not c.attn_bias:
         for block in model.original_model.layers:
             for proj in (block.attn.q, block.attn.k, block.attn.v, block.attn.o):
                 torch.nn.init.zeros_(proj.bias)
                 proj.bias.requires_grad_(False)
     return model
+
+
+#: `one_build`'s bridges by architecture, innermost last
+_BUILT: list[dict[tuple, torch.nn.Module]] = []
+
+
+@contextlib.contextmanager
+def one_build() -> Iterator[None]:
+    """Within it, `build_model` constructs a bridge once per architecture (its scan of hook
+    points and components: most of a small model's build, 37 ms of induction_2l's proxy) and
+    gives later builds of that architecture a copy of it holding the weights that `boot_native`
+    draws at that state of the global RNG (`_drawn_copy`): the same model, bit for bit, as a
+    build alone (tests/unit/test_factory.py). For building many models, e.g. a population's
+    members (training/population.py). A build with `arch.seed` set is built alone."""
+    _BUILT.append({})
+    try:
+        yield
+    finally:
+        _BUILT.pop()
+
+
+def _drawn_copy(template: torch.nn.Module, bridge_cfg: Any) -> torch.nn.Module:
+    """A copy of the bridge `template` holding the weights that `boot_native(bridge_cfg)` draws
+    now: TransformerLens's native model constructed and initialised as `boot_native` does it
+    (its every draw from the global RNG, in the same order), its tensors then copied into the
+    copy's own model, matched by name (the bridge wraps each of its model's submodules as
+    `_original_component`)."""
+    from transformer_lens.model_bridge.sources.native.init import initialize_native_model
+    from transformer_lens.model_bridge.sources.native.model import NativeModel
+
+    cfg = copy.deepcopy(bridge_cfg)
+    drawn = NativeModel(cfg)
+    if cfg.init_weights:
+        initialize_native_model(drawn, cfg)
+    model = copy.deepcopy(template)
+    native = native_module(model)
+    own = {_UNWRAPPED.sub("", name): t for name, t in (*native.named_parameters(), *native.named_buffers())}
+    fresh = dict((*drawn.named_parameters(), *drawn.named_buffers()))
+    params = {_UNWRAPPED.sub("", name) for name, _ in native.named_parameters()}
+    if not fresh.keys() <= own.keys() or not params <= fresh.keys():  # (the bridge adds buffers, e.g. head.bias)
+        raise RuntimeError("the bridge's model does not hold what TransformerLens builds: "
+                           f"{sorted((own.keys() ^ fresh.keys()) - (own.keys() - params - fresh.keys()))}")
+    with torch.no_grad():
+        for name, tensor in fresh.items():
+            own[name].copy_(tensor)
+    return model
+
+
+_UNWRAPPED = re.compile(r"\._original_component(?=\.|$)|^_original_component\.")
 
 
 def fresh_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:

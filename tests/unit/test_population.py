@@ -357,3 +357,49 @@ def test_the_population_runs_member_callbacks_only_at_steps_where_one_is_due(tmp
     assert acting("on_train_batch_start", 21) == []  # past 3 x the onset
     assert acting("on_train_batch_start", 4, sigterm=True) == [0, 1, 2]
     assert acting("on_validation_end", 4) == acting("on_train_end", 4) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("arch", [dict(), dict(attn_only=False, normalization="LN", act_fn="gelu", d_mlp=24),
+                                  dict(attn_bias=False), dict(n_layers=1, attention="bidirectional")])
+def test_models_built_under_one_build_are_the_models_built_alone(arch):
+    """`one_build` (a population's members: the bridge constructed once, then copied): the
+    model of seed k is the one a build alone after `seed_everything(k)` gives, bit for bit, and
+    the global RNG is left where that build leaves it; every copy is a bridge of its own
+    (hooks named as a bridge's, its weights in its own storage) and computes what the model
+    built alone computes."""
+    from lightning.pytorch import seed_everything
+
+    from phasewatch.models import build_model
+    from phasewatch.models.factory import one_build
+
+    task = Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8, seed=0)
+    cfg = ModelConfig(**{"n_layers": 2, "d_model": 16, "n_heads": 2, "d_head": 8, "attn_only": True,
+                         "attention": "causal", **arch})
+    alone, states = [], []
+    for seed in (3, 5, 7):
+        seed_everything(seed, verbose=False)
+        alone.append(build_model(cfg, task))
+        states.append(torch.get_rng_state())
+    built = []
+    with one_build():
+        for seed, state in zip((3, 5, 7), states):
+            seed_everything(seed, verbose=False)
+            built.append(build_model(cfg, task))
+            assert torch.equal(torch.get_rng_state(), state)
+    tokens = task.train_batch(0, None).tokens
+    storages = set()
+    for own, ref in zip(built, alone):
+        assert type(own) is type(ref)
+        mine, theirs = own.state_dict(), ref.state_dict()
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        assert [(n, p.requires_grad) for n, p in own.named_parameters()] == \
+            [(n, p.requires_grad) for n, p in ref.named_parameters()]
+        storages |= {p.untyped_storage().data_ptr() for p in own.parameters()}
+        logits, cache = own.run_with_cache(tokens)
+        ref_logits, ref_cache = ref.run_with_cache(tokens)
+        assert torch.equal(logits, ref_logits)
+        assert list(cache.keys()) == list(ref_cache.keys()) and all(torch.equal(cache[k], ref_cache[k]) for k in cache)
+        assert torch.equal(own.W_Q, ref.W_Q)
+    assert len(storages) == len(built) * len(list(built[0].parameters()))  # no member shares a weight's storage
+    assert not torch.equal(built[0].W_E, built[1].W_E)
