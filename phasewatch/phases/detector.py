@@ -195,41 +195,149 @@ def _logistic(t: np.ndarray, centre, width) -> np.ndarray:
     return 0.5 * (1 + np.tanh((t - centre) / (2 * width)))
 
 
-class _StepModel:
-    """A level, optionally a line in t, plus logistic steps, fitted by weighted least squares to the bins."""
+#: how many bin layouts (bin times, weights, `max_duration`) `_layout` keeps for the next series
+#: binned the same way: every key of a run logged at a validation, every member of a population
+LAYOUTS = 8
+#: ... and, in each, how many bytes of bases (`_Layout.basis`, one per set of steps) before the oldest go
+BASES_BYTES = 1 << 24
+_LAYOUTS: dict[tuple, "_Layout"] = {}
 
-    def __init__(self, tb: np.ndarray, yb: np.ndarray, w: np.ndarray, max_duration: float):
-        self.tb, self.yb, self.root_w = tb, yb, np.sqrt(w)
+
+def _layout(tb: np.ndarray, w: np.ndarray, max_duration: float) -> "_Layout":
+    """The `_Layout` of these bins: one of the last `LAYOUTS` asked for when their bin times, weights and
+    `max_duration` are the same, bit for bit (then so is everything computed from them)."""
+    key = (tb.tobytes(), w.tobytes(), float(max_duration))
+    found = _LAYOUTS.pop(key, None)
+    if found is None:
+        found = _Layout(tb, w, max_duration)
+        if len(_LAYOUTS) >= LAYOUTS:  # the least recently asked for goes
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+    _LAYOUTS[key] = found
+    return found
+
+
+class _Layout:
+    """What the step model of bins at times `tb` with weights `w` computes from them alone, not from the
+    values: the grid of candidate steps, their weighted columns and squared norms, and for each set of
+    steps (with or without the line) the weighted design, its orthonormal basis and the part of each
+    candidate's squared norm outside it. Shared (`_layout`) by every series binned the same way."""
+
+    def __init__(self, tb: np.ndarray, w: np.ndarray, max_duration: float):
+        self.tb, self.root_w = _frozen(tb.copy()), _frozen(np.sqrt(w))
         spacing = float(np.median(np.diff(tb))) if len(tb) > 1 else 1.0
         total = float(tb[-1] - tb[0])
         widths = np.geomspace(NARROWEST * spacing, max(WIDEST * max_duration * total / SPAN, NARROWEST * spacing * 2), N_WIDTHS)
         # steps may also sit between two bins: where bins are few, or sharp ones (a jump between two checkpoints)
         both = np.concatenate([tb, (tb[1:] + tb[:-1]) / 2])
-        self.grid = np.array([(c, wd) for wd in widths for c in (both if wd < spacing or len(tb) < 100 else tb)])
+        self.grid = _frozen(np.array([(c, wd) for wd in widths for c in (both if wd < spacing or len(tb) < 100 else tb)]))
         self.spacing = spacing
-        self.columns = self.root_w[:, None] * _logistic(tb[:, None], self.grid[:, 0], self.grid[:, 1])
-        self.column_norms = np.einsum("ij,ij->j", self.columns, self.columns)
+        self.columns = _frozen(self.root_w[:, None] * _logistic(tb[:, None], self.grid[:, 0], self.grid[:, 1]))
+        self.column_norms = _frozen(np.einsum("ij,ij->j", self.columns, self.columns))
         self.t_mean = float(np.average(tb, weights=w))
-        self.line = False
-        # the search asks for the same steps' columns, heights and residuals many times over: each is
-        # computed once per model (the same numbers as computed afresh)
         self._step_columns: dict[tuple[float, float], np.ndarray] = {}
-        self._memo: dict[tuple, tuple] = {}
+        self._overlaps: dict[tuple[float, float], np.ndarray] = {}
+        self._weighted: dict[tuple[float, float], np.ndarray] = {}
+        self._bases: dict[tuple, tuple] = {}
+        self._bytes = 0
 
-    def design(self, steps: list[tuple[float, float]], t: np.ndarray | None = None, line: bool | None = None) -> np.ndarray:
-        """Columns: the level, the line (when in the model), then the steps."""
-        line = self.line if line is None else line
-        if t is None:
-            return np.column_stack([np.ones_like(self.tb)] + ([self.tb - self.t_mean] if line else [])
-                                   + [self._column(step) for step in steps])
-        return np.column_stack([np.ones_like(t)] + ([t - self.t_mean] if line else [])
-                               + [_logistic(t, c, wd) for c, wd in steps])
-
-    def _column(self, step: tuple[float, float]) -> np.ndarray:
-        """One step's column at the bins (computed once)."""
+    def column(self, step: tuple[float, float]) -> np.ndarray:
+        """One step's (unweighted) column at the bins (computed once)."""
         if (column := self._step_columns.get(step)) is None:
-            column = self._step_columns[step] = _logistic(self.tb, *step)
+            column = self._step_columns[step] = _frozen(_logistic(self.tb, *step))
         return column
+
+    def overlaps(self, step: tuple[float, float]) -> np.ndarray:
+        """Which grid steps overlap `step` (their 10-90% parts), computed once."""
+        if (found := self._overlaps.get(step)) is None:
+            c, wd = step
+            found = self._overlaps[step] = _frozen(np.abs(self.grid[:, 0] - c) < SPAN / 2 * (self.grid[:, 1] + wd))
+        return found
+
+    def basis(self, steps: tuple[tuple[float, float], ...], line: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The weighted design of these steps (in this order) and line, and q of its QR."""
+        def compute():
+            # the weighted columns side by side (the same numbers as root_w[:, None] * the design)
+            x = np.array([self.root_w] + ([self.root_w * (self.tb - self.t_mean)] if line else [])
+                         + [self.weighted(step) for step in steps]).T.copy()
+            return x, _orthonormal(x)
+        return self._kept(("basis", steps, line), compute)
+
+    def weighted(self, step: tuple[float, float]) -> np.ndarray:
+        """One step's weighted column at the bins (computed once)."""
+        if (column := self._weighted.get(step)) is None:
+            column = self._weighted[step] = _frozen(self.root_w * self.column(step))
+        return column
+
+    def outside(self, steps: tuple[tuple[float, float], ...], line: bool) -> tuple[np.ndarray, np.ndarray]:
+        """For these steps and line: where each grid step's column has a part outside the design
+        (> 1e-9 of its squared norm), and that part's squared norm (at least 1e-300)."""
+        def compute():
+            q = self.basis(steps, line)[1]
+            norm = self.column_norms - np.einsum("ij,ij->j", inner := q.T @ self.columns, inner)
+            return norm > 1e-9 * self.column_norms, np.maximum(norm, 1e-300)
+        return self._kept(("outside", steps, line), compute)
+
+    def _kept(self, key: tuple, compute: Callable[[], tuple]) -> tuple:
+        """`compute()`'s arrays (read-only), kept for `key` while they fit in `BASES_BYTES` with the newer ones."""
+        if (found := self._bases.get(key)) is None:
+            found = tuple(_frozen(a) for a in compute())
+            size = sum(a.nbytes for a in found)
+            while self._bases and self._bytes + size > BASES_BYTES:  # the oldest go
+                self._bytes -= sum(a.nbytes for a in self._bases.pop(next(iter(self._bases))))
+            self._bases[key], self._bytes = found, self._bytes + size
+        return found
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """The array, read-only (shared by several models: none may change it)."""
+    array.flags.writeable = False
+    return array
+
+
+def _raise(*_):
+    raise np.linalg.LinAlgError("the step model's least squares did not converge")
+
+
+try:  # the gufuncs behind np.linalg.qr and np.linalg.lstsq: the same numbers without the wrappers' checks,
+    # which cost more than the factorisation of a matrix of tens of bins (R, which np.linalg.qr forms, is not used)
+    from numpy.linalg import _umath_linalg
+    _QR, _LSTSQ = _umath_linalg.qr_r_raw, _umath_linalg.lstsq
+except (ImportError, AttributeError):  # pragma: no cover (another numpy)
+    _QR = _LSTSQ = None
+
+
+def _orthonormal(x: np.ndarray) -> np.ndarray:
+    """`np.linalg.qr(x)[0]` of a float matrix with at least as many rows as columns (the same numbers)."""
+    if _QR is None:  # pragma: no cover
+        return np.linalg.qr(x)[0]
+    with np.errstate(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore"):
+        a = x.copy()
+        return _umath_linalg.qr_reduced(a, _QR(a, signature="d->d"), signature="dd->d")
+
+
+def _solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`np.linalg.lstsq(x, y, rcond=None)[0]` of a float matrix and vector (the same numbers)."""
+    if _LSTSQ is None:  # pragma: no cover
+        return np.linalg.lstsq(x, y, rcond=None)[0]
+    with np.errstate(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore"):
+        return _LSTSQ(x, y[:, None], np.finfo(float).eps * max(x.shape), signature="ddd->ddid")[0][:, 0]
+
+
+class _StepModel:
+    """A level, optionally a line in t, plus logistic steps, fitted by weighted least squares to the bins."""
+
+    def __init__(self, tb: np.ndarray, yb: np.ndarray, w: np.ndarray, max_duration: float):
+        tb, w = np.asarray(tb, dtype=float), np.asarray(w, dtype=float)
+        # what depends on the bins alone is shared with every series binned the same way (`_layout`)
+        self.layout = layout = _layout(tb, w, max_duration)
+        self.tb, self.yb, self.root_w = layout.tb, yb, layout.root_w
+        self.grid, self.spacing, self.columns = layout.grid, layout.spacing, layout.columns
+        self.column_norms, self.t_mean = layout.column_norms, layout.t_mean
+        self.weighted_y = self.root_w * yb
+        self.line = False
+        # the search asks for the same steps' heights, residuals and best next step many times over:
+        # each is computed once per model (the same numbers as computed afresh)
+        self._memo: dict[tuple, tuple] = {}
 
     def _once(self, what: str, steps: list[tuple[float, float]], line: bool, compute: Callable[[], tuple]) -> tuple:
         """`compute()` for these steps and line, computed once per model (its arrays read-only)."""
@@ -242,15 +350,14 @@ class _StepModel:
         return found
 
     def _weighted(self, steps: list[tuple[float, float]], line: bool) -> np.ndarray:
-        return self._once("design", steps, line, lambda: (self.root_w[:, None] * self.design(steps, line=line),))[0]
+        return self.layout.basis(tuple(steps), line)[0]
 
     def heights(self, steps: list[tuple[float, float]]) -> np.ndarray:
         """The fitted steps' heights (`fit`'s coefficients after the level and slope)."""
         return self._coef(steps, self.line)[0][1 + self.line:]
 
     def _coef(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray]:
-        return self._once("coef", steps, line, lambda: (
-            np.linalg.lstsq(self._weighted(steps, line), self.root_w * self.yb, rcond=None)[0],))
+        return self._once("coef", steps, line, lambda: (_solve(self._weighted(steps, line), self.weighted_y),))
 
     def fit(self, steps: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
         """Coefficients (level, slope (0 without the line), steps) and their covariance in units of
@@ -273,8 +380,7 @@ class _StepModel:
         return self._once("basis", steps, line, lambda: self._basis(steps, line))
 
     def _basis(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray, np.ndarray]:
-        q, _ = np.linalg.qr(self._weighted(steps, line))
-        y = self.root_w * self.yb
+        q, y = self.layout.basis(tuple(steps), line)[1], self.weighted_y
         return q, y - q @ (q.T @ y)
 
     def best_addition(self, steps: list[tuple[float, float]]) -> tuple[tuple[float, float], float]:
@@ -284,15 +390,19 @@ class _StepModel:
         return self._once("addition", steps, self.line, lambda: self._addition(steps))
 
     def _addition(self, steps: list[tuple[float, float]]) -> tuple[tuple[float, float], float]:
-        q, residual = self._residual_basis(steps, self.line)
-        # each column's part orthogonal to the model: the residual is orthogonal to it already
-        along = self.columns.T @ residual
-        norm = self.column_norms - np.einsum("ij,ij->j", inner := q.T @ self.columns, inner)
-        gain = np.where(norm > 1e-9 * self.column_norms, along**2 / np.maximum(norm, 1e-300), 0.0)
-        if steps:
-            for (c, wd), h in zip(steps, self.heights(steps)):
-                overlap = np.abs(self.grid[:, 0] - c) < SPAN / 2 * (self.grid[:, 1] + wd)
-                gain[overlap & (np.sign(along) == -np.sign(h))] = 0.0
+        usable, norm = self.layout.outside(tuple(steps), self.line)
+        # each column's part orthogonal to the model (`norm`: its squared norm): the residual is
+        # orthogonal to the model already
+        along = self.columns.T @ self._residual_basis(steps, self.line)[1]
+        gain = np.where(usable, along**2 / norm, 0.0)
+        best = int(np.argmax(gain))
+        # no step overlapping one of `steps` the other way (along 0 gains nothing either way): only
+        # the best needs the heights' directions, where it overlaps one (the others can only lose)
+        if any(self.layout.overlaps(step)[best] for step in steps):
+            heights = self.heights(steps)
+            for way, moving in ((along > 0, heights < 0), (along < 0, heights > 0)):
+                if moving.any():
+                    gain[way & np.logical_or.reduce([self.layout.overlaps(step) for step, m in zip(steps, moving) if m])] = 0.0
         best = int(np.argmax(gain))
         return (float(self.grid[best, 0]), float(self.grid[best, 1])), float(gain[best])
 
