@@ -197,9 +197,9 @@ def _logistic(t: np.ndarray, centre, width) -> np.ndarray:
 
 #: how many bin layouts (bin times, weights, `max_duration`) `_layout` keeps for the next series
 #: binned the same way: every key of a run logged at a validation, every member of a population
-LAYOUTS = 8
+LAYOUTS = 4
 #: ... and, in each, how many bytes of bases (`_Layout.basis`, one per set of steps) before the oldest go
-BASES_BYTES = 1 << 24
+BASES_BYTES = 1 << 22
 _LAYOUTS: dict[tuple, "_Layout"] = {}
 
 
