@@ -89,6 +89,8 @@ class ProbeRunner(pl.Callback):
         if self.stacked is None and (getattr(pl_module, "hparams", None) or {}).get("vectorised"):
             # a population's member re-run alone measures as the population does (one of one)
             self.stacked = StackedProbes.of_one(pl_module.model, task).values_of(0)
+        if isinstance(self.stacked, MemberProbes):  # the population asks who else will want a probe now
+            self.stacked.plan(lambda at, name, trainer=trainer: name in self._will_run(trainer, at))
         self._steps = set(self.schedule.resolve(trainer.max_steps))
         self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in own.items()}
         # the steps where `_scheduled` has a probe without the dense grid (`due_at`)
@@ -98,12 +100,13 @@ class ProbeRunner(pl.Callback):
 
     # --- when ---------------------------------------------------------------------
 
-    def _scheduled(self, trainer: pl.Trainer) -> list:
+    def _scheduled(self, trainer: pl.Trainer, count: bool = True) -> list:
         """The probes due at this step: those on their own schedule when it has the step,
         the others when the shared schedule has it. Cheap probes that run at every
         validation join only at step 0, the initial-weights baseline. Adaptive resolution
         adds the cheap ones and those whose series are in transition (all of them for a series
-        that no probe logs) at the steps of its dense grid, as long as the budget allows."""
+        that no probe logs) at the steps of its dense grid, as long as the budget allows
+        (`count`: the clock counts the extra runs; False: only asked, nothing runs)."""
         step = trainer.global_step
         wanted = dense_probes(dense_metrics(trainer), {p.name: self._keys.get(p.name, set()) for p in self._probes},
                               {p.name for p in self._probes if p.cheap})
@@ -114,11 +117,19 @@ class ProbeRunner(pl.Callback):
                 if step in self._own_steps[p.name]:
                     due.append(p)
             elif p.cheap and self.every_validation:
-                if self._validated_at != step and (step == 0 or (dense and self.clock.allows(p.name, self.budget))):
+                if self._validated_at != step and (step == 0 or (dense and self.clock.allows(p.name, self.budget, count))):
                     due.append(p)
-            elif step in self._steps or (dense and self.clock.allows(p.name, self.budget)):
+            elif step in self._steps or (dense and self.clock.allows(p.name, self.budget, count)):
                 due.append(p)
         return due
+
+    def _will_run(self, trainer: pl.Trainer, at: str) -> set[str]:
+        """The names of the probes this run is about to run at the hook now running (`at`:
+        "validation" for a validation's end, else a step's start or the training's end), its
+        clock left as it is: what a population's other members ask `StackedProbes`, so that a
+        probe is measured for the members that will want it, not for every member acting."""
+        probes = self._at_validation() if at == "validation" else self._scheduled(trainer, count=False)
+        return {p.name for p in probes}
 
     def due_at(self, step: int, dense: bool = False) -> bool:
         """Whether probes may run at the start of `step` (`on_train_batch_start`): a probe's
@@ -161,16 +172,18 @@ class ProbeRunner(pl.Callback):
         if trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         self._validated_at = trainer.global_step
-        self._run(trainer, pl_module, self._at_validation(), logits)
+        self._run(trainer, pl_module, self._at_validation(), logits, at="validation")
 
     # --- what ---------------------------------------------------------------------
 
     def _run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, probes: list,
-             held_out: list[torch.Tensor] | None = None) -> None:
+             held_out: list[torch.Tensor] | None = None, at: str = "step") -> None:
         if not probes:
             return
         step = trainer.global_step
-        given = None if self.stacked is None else (lambda name, options: self.stacked(name, options, step))
+        given = None if self.stacked is None else (
+            (lambda name, options: self.stacked(name, options, step, at)) if isinstance(self.stacked, MemberProbes)
+            else (lambda name, options: self.stacked(name, options, step)))
         results = measure(pl_module.model, pl_module.task, probes, self.options, self._initial_model(pl_module, step),
                           self.clock, given, held_out)
         scalars = record_results(results, run_folder(trainer), step)
@@ -294,15 +307,18 @@ class HeldOutLogits:
 class StackedProbes:
     """The probes of a population's members that have a form over stacked weights
     (`probes.stacked.STACKED`): the first member to ask for one at a step gets it measured
-    for every member expected to ask (`expect`, by default all) in one pass; the others are
-    handed their values as they ask. Probes without that form (or whose form refuses the
-    model): None (run member by member)."""
+    for every member expected to ask (`expect`, by default all) that will run it at the hook
+    now running (its runner's plan, `MemberProbes.plan`; a member without one counts as
+    wanting it) in one pass; the others are handed their values as they ask. Probes without
+    that form (or whose form refuses the model): None (run member by member)."""
 
     def __init__(self, template: torch.nn.Module, params: Callable[[], dict[str, torch.Tensor]], models: list, task):
         self.template, self.params, self.models, self.task = template, params, models, task
         self.expected: list[int] = list(range(len(models)))
         self._step: int | None = None
         self._values: dict[tuple[str, str], dict[int, dict]] = {}  # (probe, options) -> member -> values
+        #: member -> whether it will run probe `name` at the hook now running (`at`)
+        self._plans: dict[int, Callable[[str, str], bool]] = {}
 
     @classmethod
     def of_one(cls, model, task) -> "StackedProbes":
@@ -314,12 +330,13 @@ class StackedProbes:
         """The members whose probes may run next (a population's hook): measured together."""
         self.expected = members
 
-    def values_of(self, member: int) -> Callable[[str, dict, int], dict | None]:
+    def values_of(self, member: int) -> "MemberProbes":
         """Member `member`'s `ProbeRunner.stacked`."""
-        return lambda name, options, step: self.values(member, name, options, step)
+        return MemberProbes(self, member)
 
-    def values(self, member: int, name: str, options: dict, step: int) -> dict | None:
-        """Member `member`'s values of probe `name` at `step` (the weights of that step)."""
+    def values(self, member: int, name: str, options: dict, step: int, at: str = "step") -> dict | None:
+        """Member `member`'s values of probe `name` at `step` (the weights of that step),
+        asked at the hook `at` (`ProbeRunner._will_run`)."""
         fn = STACKED.get(name)
         if fn is None:
             return None
@@ -327,7 +344,7 @@ class StackedProbes:
             self._step, self._values = step, {}
         got = self._values.setdefault((name, repr(sorted(options.items()))), {})
         if member not in got:
-            todo = sorted({member} | {k for k in self.expected if k not in got})
+            todo = sorted({member} | {k for k in self.expected if k not in got and self._wants(k, at, name)})
             params = self.params()
             if len(todo) < len(self.models):
                 params = {key: p[todo] for key, p in params.items()}
@@ -336,6 +353,25 @@ class StackedProbes:
                 return None
             got.update(zip(todo, values))
         return got[member]
+
+    def _wants(self, member: int, at: str, name: str) -> bool:
+        plan = self._plans.get(member)
+        return plan is None or plan(at, name)
+
+
+class MemberProbes:
+    """One member's view of a population's `StackedProbes` (`ProbeRunner.stacked`): its values
+    of a probe at a step, `(name, options, step[, at])` -> values or None; `plan(fn)` tells
+    the population which probes the member will run at the hook now running (`fn(at, name)`)."""
+
+    def __init__(self, probes: StackedProbes, member: int):
+        self.probes, self.member = probes, member
+
+    def __call__(self, name: str, options: dict, step: int, at: str = "step") -> dict | None:
+        return self.probes.values(self.member, name, options, step, at)
+
+    def plan(self, fn: Callable[[str, str], bool]) -> None:
+        self.probes._plans[self.member] = fn
 
 
 class ProbeClock:
@@ -378,16 +414,18 @@ class ProbeClock:
         probe, other = self.spent()
         return probe / other if other > 0 else 0.0
 
-    def allows(self, name: str, budget: float | None) -> bool:
+    def allows(self, name: str, budget: float | None, count: bool = True) -> bool:
         """Whether an extra run of probe `name` keeps the probes within `budget` of the
         other time so far (always when there is no budget, or nothing is known of its cost
-        yet); counts the runs it allows and refuses."""
+        yet); counts the runs it allows and refuses (with `count`)."""
         if budget is not None and name in self.cost and self._started is not None:
             probe, other = self.spent()
             if probe + self.cost[name] > budget * other:
-                self.refused[name] = self.refused.get(name, 0) + 1
+                if count:
+                    self.refused[name] = self.refused.get(name, 0) + 1
                 return False
-        self.extra += 1
+        if count:
+            self.extra += 1
         return True
 
 

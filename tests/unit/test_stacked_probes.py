@@ -121,6 +121,30 @@ def test_a_population_measures_a_stacked_probe_once_per_step_for_the_members_tha
     assert probes.values(0, "llc", {}, 6) is None  # (no stacked form)
 
 
+def test_a_stacked_probe_is_measured_only_for_the_members_that_will_run_it_at_the_hook(monkeypatch):
+    """A member acting at a step (e.g. every member at a look of the watchers' grid) whose
+    runner plans no run of the probe at the hook now running is left out of the pass; a
+    member without a plan counts as wanting it; a member that asks unplanned is measured then."""
+    task = make_task("modular_addition", p=7, frac_train=0.5)
+    template, params, models = _members(task, 4)
+    calls = []
+
+    def counted(template, params, models, task, **options):
+        calls.append(next(iter(params.values())).shape[0])
+        return [{"member": id(m)} for m in models]
+
+    monkeypatch.setitem(stacked.STACKED, "grokking", counted)
+    probes = StackedProbes(template, lambda: params, models, task)
+    views = [probes.values_of(k) for k in range(4)]
+    views[1].plan(lambda at, name: False)  # runs nothing now
+    views[2].plan(lambda at, name: at == "validation")  # runs it at validations only
+    views[3].plan(lambda at, name: name == "grokking")
+    assert views[0]("grokking", {}, 5) == {"member": id(models[0])} and calls == [2]  # members 0 and 3
+    assert views[3]("grokking", {}, 5) == {"member": id(models[3])} and calls == [2]
+    assert views[1]("grokking", {}, 5) == {"member": id(models[1])} and calls == [2, 1]  # asked unplanned
+    assert views[2]("grokking", {}, 6, "validation") == {"member": id(models[2])} and calls == [2, 1, 3]  # 0, 2, 3
+
+
 def test_measure_switches_to_eval_only_for_a_probe_that_runs_on_the_model():
     """A probe given over stacked weights leaves the model's mode alone (switching a bridge
     costs ~6 ms); one that runs on the model sees every module in eval mode, each set once;
