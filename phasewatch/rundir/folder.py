@@ -355,18 +355,26 @@ class RunFolder:
         return self.arrays / probe / key
 
     def save_array(self, probe: str, key: str, step: int, array) -> Path:
-        """Save a probe's array value at `step` (numpy's .npy)."""
+        """Save a probe's array value at `step` (numpy's .npy: the bytes `np.save` writes,
+        through `np.lib.format.write_array` on a file opened here; the folder made only when
+        the file cannot be opened without it, not at every save: a probe step writes many)."""
         import numpy as np
 
         folder = self.array_folder(probe, key)
-        folder.mkdir(parents=True, exist_ok=True)
         path = folder / _array_name(step)
+        array = np.asanyarray(array)
         try:
-            np.save(path, array)
+            try:
+                f = open(path, "wb")
+            except FileNotFoundError:  # the key's first array (or its folder was dropped)
+                folder.mkdir(parents=True, exist_ok=True)
+                f = open(path, "wb")
+            with f:
+                np.lib.format.write_array(f, array, allow_pickle=True)
         except OSError as err:
             path.unlink(missing_ok=True)
             if is_disk_full(err):
-                raise DiskFull.in_run(self.root, f"{probe}/{key} at step {step}", np.asarray(array).nbytes) from None
+                raise DiskFull.in_run(self.root, f"{probe}/{key} at step {step}", array.nbytes) from None
             raise
         return path
 

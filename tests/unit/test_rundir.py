@@ -67,3 +67,21 @@ def test_post_hoc_transitions_replace_earlier_events_of_the_same_series(tmp_path
     assert 700 <= found[0]["midpoint"] <= 1400 and "detected_at" not in found[0]  # found offline
     events = list(read_jsonl(store.events))
     assert [e["metric"] for e in events] == ["val/acc", "llc/estimate"] and events[1] == found[0]
+
+
+def test_saved_arrays_are_the_bytes_np_save_writes(tmp_path):
+    """save_array writes each value as `np.save` does (readers load them as before), makes the
+    key's folder at its first array and again after `drop_arrays`."""
+    import numpy as np
+
+    folder = RunFolder(tmp_path / "run")
+    values = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([["L0H1", "L1H0"]]), [0.25, 1.5],
+              ["L0H0"], [], np.float64(2.5), np.array([True, False]), np.asfortranarray(np.eye(3))]
+    for step, value in enumerate(values):
+        path = folder.save_array("heads", "scores", step, value)
+        np.save(tmp_path / "ref.npy", value)
+        assert path.read_bytes() == (tmp_path / "ref.npy").read_bytes(), value
+    assert [s for s, _ in folder.array_files("heads", "scores")] == list(range(len(values)))
+    folder.drop_arrays("heads", "scores")
+    folder.save_array("heads", "scores", 9, values[0])
+    assert [s for s, _ in folder.array_files("heads", "scores")] == [9]
