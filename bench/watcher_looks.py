@@ -15,7 +15,7 @@ the CPU time they take; with `--answers OUT` it writes their answers, so that tw
 answers compare event for event (`--compare A B`: the events' steps, kinds and fields equal,
 floats to `TOLERANCE` relative).
 
-    python bench/watcher_looks.py --members 16 --steps 200 [--profile] [--tree DIR] [--record FILE]
+    python bench/watcher_looks.py --members 16 --steps 200 [--profile] [--tree DIR] [--record FILE] [--flags '...']
     python bench/watcher_looks.py --replay FILE [--tree DIR] [--answers OUT]
     python bench/watcher_looks.py --compare A B
 """
@@ -39,6 +39,7 @@ ap.add_argument("--replay", default=None, help="make the fits and departure test
 ap.add_argument("--answers", default=None, help="with --replay: write the answers here")
 ap.add_argument("--compare", nargs=2, default=None, help="two --answers files: the same events?")
 ap.add_argument("--repeats", type=int, default=1, help="with --replay: make them this many times (CPU of each)")
+ap.add_argument("--flags", default="", help="more `phasewatch fit` flags, e.g. '--transitions.logs_per_doubling 16'")
 a = ap.parse_args()
 #: floats in two trees' answers agree to this relative difference
 TOLERANCE = 1e-9
@@ -149,7 +150,7 @@ watching.detect_transitions = detect_transitions
 def args(folder: str, seeds: str) -> list[str]:
     return ["--config", a.config, "--run_dir", f"{folder}/run", "--trainer.max_steps", str(a.steps),
             "--trainer.accelerator", "cpu", "--no_wandb", "--report.every_n_validations", "0",
-            "--trainer.enable_progress_bar", "false", *proxy_flags(a.config), "--population.seeds", seeds]
+            "--trainer.enable_progress_bar", "false", *proxy_flags(a.config), "--population.seeds", seeds, *a.flags.split()]
 
 
 with tempfile.TemporaryDirectory() as tmp:
