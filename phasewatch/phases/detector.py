@@ -198,7 +198,7 @@ def _logistic(t: np.ndarray, centre, width) -> np.ndarray:
 #: how many bin layouts (bin times, weights, `max_duration`) `_layout` keeps for the next series
 #: binned the same way: every key of a run logged at a validation, every member of a population
 LAYOUTS = 4
-#: ... and, in each, how many bytes of bases (`_Layout.basis`, one per set of steps) before the oldest go
+#: ... and, in each, how many bytes of what it computed for steps and sets of steps before the oldest go
 BASES_BYTES = 1 << 22
 _LAYOUTS: dict[tuple, "_Layout"] = {}
 
@@ -234,39 +234,26 @@ class _Layout:
         self.columns = _frozen(self.root_w[:, None] * _logistic(tb[:, None], self.grid[:, 0], self.grid[:, 1]))
         self.column_norms = _frozen(np.einsum("ij,ij->j", self.columns, self.columns))
         self.t_mean = float(np.average(tb, weights=w))
-        self._step_columns: dict[tuple[float, float], np.ndarray] = {}
-        self._overlaps: dict[tuple[float, float], np.ndarray] = {}
-        self._weighted: dict[tuple[float, float], np.ndarray] = {}
-        self._bases: dict[tuple, tuple] = {}
+        self._bases: dict[tuple, tuple] = {}  # per step and per set of steps (`_kept`)
         self._bytes = 0
 
-    def column(self, step: tuple[float, float]) -> np.ndarray:
-        """One step's (unweighted) column at the bins (computed once)."""
-        if (column := self._step_columns.get(step)) is None:
-            column = self._step_columns[step] = _frozen(_logistic(self.tb, *step))
-        return column
-
-    def overlaps(self, step: tuple[float, float]) -> np.ndarray:
-        """Which grid steps overlap `step` (their 10-90% parts), computed once."""
-        if (found := self._overlaps.get(step)) is None:
+    def step(self, step: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One step's column at the bins, weighted, and which grid steps overlap it (their 10-90%
+        parts), computed once."""
+        def compute():
             c, wd = step
-            found = self._overlaps[step] = _frozen(np.abs(self.grid[:, 0] - c) < SPAN / 2 * (self.grid[:, 1] + wd))
-        return found
+            column = _logistic(self.tb, c, wd)
+            return column, self.root_w * column, np.abs(self.grid[:, 0] - c) < SPAN / 2 * (self.grid[:, 1] + wd)
+        return self._kept(step, compute)
 
     def basis(self, steps: tuple[tuple[float, float], ...], line: bool) -> tuple[np.ndarray, np.ndarray]:
         """The weighted design of these steps (in this order) and line, and q of its QR."""
         def compute():
             # the weighted columns side by side (the same numbers as root_w[:, None] * the design)
             x = np.array([self.root_w] + ([self.root_w * (self.tb - self.t_mean)] if line else [])
-                         + [self.weighted(step) for step in steps]).T.copy()
+                         + [self.step(step)[1] for step in steps]).T.copy()
             return x, _orthonormal(x)
         return self._kept(("basis", steps, line), compute)
-
-    def weighted(self, step: tuple[float, float]) -> np.ndarray:
-        """One step's weighted column at the bins (computed once)."""
-        if (column := self._weighted.get(step)) is None:
-            column = self._weighted[step] = _frozen(self.root_w * self.column(step))
-        return column
 
     def outside(self, steps: tuple[tuple[float, float], ...], line: bool) -> tuple[np.ndarray, np.ndarray]:
         """For these steps and line: where each grid step's column has a part outside the design
@@ -278,7 +265,8 @@ class _Layout:
         return self._kept(("outside", steps, line), compute)
 
     def _kept(self, key: tuple, compute: Callable[[], tuple]) -> tuple:
-        """`compute()`'s arrays (read-only), kept for `key` while they fit in `BASES_BYTES` with the newer ones."""
+        """`compute()`'s arrays (read-only), kept for `key` (a step, or what, steps and line) while they
+        fit in `BASES_BYTES` with the newer ones."""
         if (found := self._bases.get(key)) is None:
             found = tuple(_frozen(a) for a in compute())
             size = sum(a.nbytes for a in found)
@@ -398,11 +386,11 @@ class _StepModel:
         best = int(np.argmax(gain))
         # no step overlapping one of `steps` the other way (along 0 gains nothing either way): only
         # the best needs the heights' directions, where it overlaps one (the others can only lose)
-        if any(self.layout.overlaps(step)[best] for step in steps):
+        if any(self.layout.step(step)[2][best] for step in steps):
             heights = self.heights(steps)
             for way, moving in ((along > 0, heights < 0), (along < 0, heights > 0)):
                 if moving.any():
-                    gain[way & np.logical_or.reduce([self.layout.overlaps(step) for step, m in zip(steps, moving) if m])] = 0.0
+                    gain[way & np.logical_or.reduce([self.layout.step(step)[2] for step, m in zip(steps, moving) if m])] = 0.0
         best = int(np.argmax(gain))
         return (float(self.grid[best, 0]), float(self.grid[best, 1])), float(gain[best])
 
