@@ -86,7 +86,7 @@ def test_the_shared_arrays_are_read_only_and_the_kept_ones_bounded(monkeypatch):
 
 def test_its_qr_and_least_squares_are_numpys_bit_for_bit():
     rng = np.random.default_rng(0)
-    for n, k in [(8, 1), (9, 3), (28, 6), (60, 10), (200, 9)]:
+    for n, k in [(8, 1), (9, 3), (28, 6), (60, 10), (200, 9), (8, 10)]:  # the last: more columns than bins
         x = rng.normal(size=(n, k))
         x[:, -1] = x[:, 0] * (1 + 1e-13)  # nearly dependent columns, as narrow steps' can be
         y = rng.normal(size=n)
