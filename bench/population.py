@@ -16,7 +16,8 @@ Two measurements, each against its baseline in the same run:
   member-step, and on CUDA the peak memory per member. `--proxy` shrinks the model until its
   arithmetic costs almost nothing (baseline_setup.PROXY_*) and runs on one thread, so that the
   host's work is what is timed; it then reports the process's CPU time, which others' load on a
-  shared machine disturbs less than the wall clock. `--baseline_tree DIR` times the code in
+  shared machine disturbs less than the wall clock, and the population's CPU seconds before the
+  training loop (parse, build), in it and after it (stages, figures, reports). `--baseline_tree DIR` times the code in
   DIR (the phasewatch package before a change) too, in a child process, config by config.
 - `--part llc`: the LLC probe's SGLD chains side by side (`torch.func.vmap`, the default
   with 4+ chains) against one after the other, at the same number of chains and draws, on
@@ -69,7 +70,8 @@ def time_fit(config: str, steps: int, device: str, seeds: str | None, seed: int 
     Its seconds: `wall` (the whole command: set-up, training, the reports after it) and `loop`
     (the training loop, from on_train_start to on_train_end: the host's work per step on the
     proxy), and the process's CPU time of each (`cpu`, `loop_cpu`: on one thread, the host's
-    work whatever else the machine runs)."""
+    work whatever else the machine runs) and of what comes before the loop (`before_cpu`: the
+    parse, the members' build) and after it (`after_cpu`: the stages, figures and reports)."""
     import tempfile
 
     import lightning.pytorch as pl
@@ -101,8 +103,9 @@ def time_fit(config: str, steps: int, device: str, seeds: str | None, seed: int 
         t0, cpu = time.perf_counter(), time.process_time()
         if fit_with_callback(args, Clock()) != 0:
             raise SystemExit(f"phasewatch fit failed: {' '.join(args)}")
-        return {"wall": time.perf_counter() - t0, "cpu": time.process_time() - cpu, "loop": clock["loop"],
-                "loop_cpu": clock["loop_cpu"]}
+        total = time.process_time() - cpu
+        return {"wall": time.perf_counter() - t0, "cpu": total, "loop": clock["loop"], "loop_cpu": clock["loop_cpu"],
+                "before_cpu": clock["cpu"] - cpu, "after_cpu": total - (clock["cpu"] - cpu) - clock["loop_cpu"]}
 
 
 def _sync(device: str) -> None:
@@ -138,7 +141,9 @@ def bench_training(a, configs: list[str], warm: bool) -> list[dict]:
                        ms_alone=1e3 * solo["loop"] / a.steps, ms_together=1e3 * together["loop"] / (n * a.steps),
                        cpu_ms_alone=1e3 * solo["loop_cpu"] / a.steps,
                        cpu_ms_together=1e3 * together["loop_cpu"] / (n * a.steps),
-                       rate_apart=a.steps / solo["wall"], rate_together=n * a.steps / together["wall"], memory=memory)
+                       rate_apart=a.steps / solo["wall"], rate_together=n * a.steps / together["wall"], memory=memory,
+                       cpu_together=together["cpu"], cpu_before=together["before_cpu"], cpu_after=together["after_cpu"],
+                       cpu_loop=together["loop_cpu"])
             rows.append(row)
             print(f"[{a.label}] {config} ({probes} probes): {n} members x {a.steps} steps: one after the other {n * solo['wall']:.1f} s "
                   f"({row['rate_apart']:.1f} member-steps/s), together {together['wall']:.1f} s "
@@ -169,16 +174,19 @@ def baseline_rows(a, configs: list[str]) -> list[dict]:
 def print_training(rows: list[dict], cpu: bool) -> None:
     """The table; with `cpu`, of the process's CPU time (the proxy on a shared machine)."""
     what = "CPU time" if cpu else "wall time"
+    split = " | together, CPU s: all = before the loop + loop + after" if cpu else ""
     print(f"| config | probes | members | code | one after the other | together | speed-up ({what}) | speed-up, "
-          f"training loop | ms per member-step together (alone), training loop | memory per member |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"training loop | ms per member-step together (alone), training loop | memory per member{split} |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if cpu else ""))
     for r in rows:
         memory = f"{r['memory']:.0f} MiB" if r["memory"] is not None else "-"
         ratio, loop = (r["cpu_ratio"], r["loop_cpu_ratio"]) if cpu else (r["ratio"], r["loop_ratio"])
         ms = (r["cpu_ms_together"], r["cpu_ms_alone"]) if cpu else (r["ms_together"], r["ms_alone"])
+        parts = (f" {r['cpu_together']:.1f} = {r['cpu_before']:.1f} + {r['cpu_loop']:.1f} + {r['cpu_after']:.1f} |"
+                 if cpu and "cpu_before" in r else " - |" if cpu else "")
         print(f"| {r['config']} | {r.get('probes', 'none')} | {r['members']} | {r['path']} | {r['members'] * r['solo']:.1f} s "
               f"({r['rate_apart']:.1f}/s) | {r['together']:.1f} s ({r['rate_together']:.1f}/s) | "
-              f"{ratio:.2f}x | {loop:.2f}x | {ms[0]:.2f} ({ms[1]:.2f}) | {memory} |")
+              f"{ratio:.2f}x | {loop:.2f}x | {ms[0]:.2f} ({ms[1]:.2f}) | {memory} |{parts}")
 
 
 def main() -> int:

@@ -143,7 +143,7 @@ def one_build() -> Iterator[None]:
     points and components: most of a small model's build, 37 ms of induction_2l's proxy) and
     gives later builds of that architecture a copy of it holding the weights that `boot_native`
     draws at that state of the global RNG (`_drawn_copy`): the same model, bit for bit, as a
-    build alone (tests/unit/test_factory.py). For building many models, e.g. a population's
+    build alone (tests/unit/test_population.py). For building many models, e.g. a population's
     members (training/population.py). A build with `arch.seed` set is built alone."""
     _BUILT.append({})
     try:
