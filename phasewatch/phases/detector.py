@@ -200,20 +200,32 @@ def _logistic(t: np.ndarray, centre, width) -> np.ndarray:
 LAYOUTS = 4
 #: ... and, in each, how many bytes of what it computed for steps and sets of steps before the oldest go
 BASES_BYTES = 1 << 22
+#: ... and at most this many bytes in all, each layout counted at its grid and columns plus its
+#: `BASES_BYTES` (a layout larger than this alone, e.g. of `DetectorConfig(bins=1000)`, is not kept)
+KEPT_BYTES = 48 << 20
 _LAYOUTS: dict[tuple, "_Layout"] = {}
 
 
 def _layout(tb: np.ndarray, w: np.ndarray, max_duration: float) -> "_Layout":
     """The `_Layout` of these bins: one of the last `LAYOUTS` asked for when their bin times, weights and
-    `max_duration` are the same, bit for bit (then so is everything computed from them)."""
+    `max_duration` are the same, bit for bit (then so is everything computed from them); what is kept
+    between fits stays within `KEPT_BYTES`."""
     key = (tb.tobytes(), w.tobytes(), float(max_duration))
     found = _LAYOUTS.pop(key, None)
     if found is None:
         found = _Layout(tb, w, max_duration)
-        if len(_LAYOUTS) >= LAYOUTS:  # the least recently asked for goes
-            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+    if _held(found) > KEPT_BYTES:  # used for this fit, not kept
+        return found
+    # the least recently asked for go
+    while _LAYOUTS and (len(_LAYOUTS) >= LAYOUTS or sum(map(_held, _LAYOUTS.values())) + _held(found) > KEPT_BYTES):
+        _LAYOUTS.pop(next(iter(_LAYOUTS)))
     _LAYOUTS[key] = found
     return found
+
+
+def _held(layout: "_Layout") -> int:
+    """The most bytes a kept layout holds: its grid and columns, and its `BASES_BYTES`."""
+    return layout.grid.nbytes + layout.columns.nbytes + layout.column_norms.nbytes + BASES_BYTES
 
 
 class _Layout:
@@ -283,7 +295,7 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 
 
 def _raise(*_):
-    raise np.linalg.LinAlgError("the step model's least squares did not converge")
+    raise np.linalg.LinAlgError("the step model's QR or least squares did not converge")
 
 
 try:  # the gufuncs behind np.linalg.qr and np.linalg.lstsq: the same numbers without the wrappers' checks,
@@ -295,7 +307,7 @@ except (ImportError, AttributeError):  # pragma: no cover (another numpy)
 
 
 def _orthonormal(x: np.ndarray) -> np.ndarray:
-    """`np.linalg.qr(x)[0]` of a float matrix with at least as many rows as columns (the same numbers)."""
+    """`np.linalg.qr(x)[0]` of a float matrix (the same numbers; with more columns than rows too)."""
     if _QR is None:  # pragma: no cover
         return np.linalg.qr(x)[0]
     with np.errstate(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore"):

@@ -92,3 +92,19 @@ def test_its_qr_and_least_squares_are_numpys_bit_for_bit():
         y = rng.normal(size=n)
         assert np.array_equal(detector._orthonormal(x), np.linalg.qr(x)[0])
         assert np.array_equal(detector._solve(x, y), np.linalg.lstsq(x, y, rcond=None)[0])
+
+
+def test_the_layouts_kept_between_fits_stay_within_their_byte_bound(monkeypatch):
+    """Kept layouts (grid, columns and their bases' budget) never hold more than `KEPT_BYTES` in
+    all: many bins (`DetectorConfig(bins=1000)` makes layouts of hundreds of MB) evict older ones,
+    and a layout larger than the bound alone is used for its fit but not kept."""
+    cases = [_bins(seed, n=20 + seed) for seed in range(6)] + [_bins(9, n=400)]  # the last alone over the bound
+    alone = [_alone(*case) for case in cases]
+    monkeypatch.setattr(detector, "KEPT_BYTES", 3 * detector._held(_StepModel(*cases[0], 0.5).layout))
+    detector._LAYOUTS.clear()
+    for case, answers in zip(cases, alone):
+        assert _answers(*case) == answers
+        assert sum(map(detector._held, detector._LAYOUTS.values())) <= detector.KEPT_BYTES
+        if case is cases[-2]:
+            assert 0 < len(detector._LAYOUTS) < detector.LAYOUTS  # the bytes, not the count, bound them here
+    assert len(detector._LAYOUTS) > 0 and all(layout.tb.shape[0] != 400 for layout in detector._LAYOUTS.values())
