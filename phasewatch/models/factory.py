@@ -117,14 +117,15 @@ def build_model(cfg: ModelConfig, task: Task) -> torch.nn.Module:
         normalization_type=None if c.normalization == "none" else c.normalization, attn_only=c.attn_only,
         attention_dir=c.attention, seed=c.seed, tokenizer_prepends_bos=False,
     )
-    key = (*dataclasses.astuple(c), task.d_vocab, task.d_vocab_out)
+    key = (*dataclasses.astuple(c), task.d_vocab, task.d_vocab_out, torch.get_default_dtype())
     built = _BUILT[-1] if _BUILT and c.seed is None else None  # (a seeded build forks the RNG: built alone)
-    if built is not None and key in built:
+    if built is not None and built.get(key) is not None:
         model = _drawn_copy(built[key], bridge_cfg)
     else:
+        state = torch.get_rng_state() if built is not None and key not in built else None
         model = TransformerBridge.boot_native(bridge_cfg)
-        if built is not None:
-            built[key] = copy.deepcopy(model)  # untouched by what its first model goes through
+        if state is not None:
+            built[key] = _template(model, bridge_cfg, state)
     if not c.attn_bias:
         for block in model.original_model.layers:
             for proj in (block.attn.q, block.attn.k, block.attn.v, block.attn.o):
@@ -143,13 +144,35 @@ def one_build() -> Iterator[None]:
     points and components: most of a small model's build, 37 ms of induction_2l's proxy) and
     gives later builds of that architecture a copy of it holding the weights that `boot_native`
     draws at that state of the global RNG (`_drawn_copy`): the same model, bit for bit, as a
-    build alone (tests/unit/test_population.py). For building many models, e.g. a population's
-    members (training/population.py). A build with `arch.seed` set is built alone."""
+    build alone (tests/unit/test_population.py), checked on the first build of each architecture
+    (`_template`: where the copy would differ, every model is built alone). For building many
+    models, e.g. a population's members (training/population.py). A build with `arch.seed` set
+    is built alone."""
     _BUILT.append({})
     try:
         yield
     finally:
         _BUILT.pop()
+
+
+def _template(model: torch.nn.Module, bridge_cfg: Any, state: torch.Tensor) -> torch.nn.Module | None:
+    """A copy of `model`, just built by `boot_native` from the global RNG state `state`, for
+    `_drawn_copy` to copy later models from, if `_drawn_copy` gives this very model from that
+    state (every tensor bit for bit, the RNG left where `boot_native` left it); else None, and
+    every later model of the architecture is built by `boot_native` (a TransformerLens whose
+    `boot_native` draws or builds otherwise than `_drawn_copy` repeats: never a different model)."""
+    template, after = copy.deepcopy(model), torch.get_rng_state()
+    try:
+        torch.set_rng_state(state)
+        again = _drawn_copy(template, bridge_cfg)
+        ours, theirs = native_module(model).state_dict(), native_module(again).state_dict()
+        same = (torch.equal(torch.get_rng_state(), after) and ours.keys() == theirs.keys()
+                and all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in ours))
+    except (ImportError, AttributeError, RuntimeError, TypeError):
+        same = False
+    finally:
+        torch.set_rng_state(after)
+    return template if same else None
 
 
 def _drawn_copy(template: torch.nn.Module, bridge_cfg: Any) -> torch.nn.Module:

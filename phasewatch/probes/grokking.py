@@ -259,7 +259,7 @@ STAGES = (
               reaches=_MEMORISED,
               source="Nanda et al. 2023, sec. 5.1: first, the model memorises the training data: the train loss "
                      "falls while the test loss does not (the test accuracy may leave chance: no veto), and the "
-                     "training accuracy ends on most of the training set (docs/stages.md)"),
+                     "training accuracy ends on at least half of the training set (docs/stages.md)"),
     Signature("circuit formation", moves=("grok/restricted_loss down | grok/excluded_loss up",),
               absent=("train/acc up",) + _TEST, run_has=_GROKKING_RUN, sequence=_NANDA,
               outpaces=(("grok/restricted_loss", "train/loss"),), steady=_STEADY,

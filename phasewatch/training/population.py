@@ -217,13 +217,16 @@ class PopulationModule(pl.LightningModule):
     def _link(self) -> None:
         """Point every member's parameters at its slice of the stack (after a move to a device):
         each member moved only when it is elsewhere, its parameters walked once (`_views`)."""
+        def views(member: TrainModule) -> list[tuple[torch.nn.Parameter, str]]:
+            return [(param, _key(name)) for name, param in native_module(member.model).named_parameters()]
+
         if not hasattr(self, "_views"):
-            self._views = [[(param, _key(name)) for name, param in native_module(member.model).named_parameters()]
-                           for member in self.members]
-        for k, (member, views) in enumerate(zip(self.members, self._views)):
-            if member.device != self.device:
+            self._views = [views(member) for member in self.members]
+        for k, member in enumerate(self.members):
+            if member.device != self.device:  # a move may put new Parameters in the module: walked again
                 member.to(self.device)
-            for param, key in views:
+                self._views[k] = views(member)
+            for param, key in self._views[k]:
                 param.data = self.stacked[key].data[k]
 
     def on_fit_start(self) -> None:

@@ -403,3 +403,51 @@ def test_models_built_under_one_build_are_the_models_built_alone(arch):
         assert torch.equal(own.W_Q, ref.W_Q)
     assert len(storages) == len(built) * len(list(built[0].parameters()))  # no member shares a weight's storage
     assert not torch.equal(built[0].W_E, built[1].W_E)
+
+
+def test_one_build_builds_alone_where_its_copy_would_differ(monkeypatch):
+    """`one_build` checks its copy path on the first build of an architecture: where it would
+    not give the model `boot_native` gives (here `_drawn_copy` initialises otherwise than
+    `boot_native`: an extra draw), every model of that architecture is built alone, the same
+    models bit for bit; and a change of torch's default dtype is another architecture."""
+    import transformer_lens.model_bridge.sources.native.init as native_init
+    from lightning.pytorch import seed_everything
+
+    from phasewatch.models import build_model
+    from phasewatch.models.factory import _BUILT, one_build
+
+    task = Induction(vocab_size=8, seq_len=11, max_len=5, batch_size=6, n_val=8, seed=0)
+    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, attn_only=True, attention="causal")
+
+    def alone(seed):
+        seed_everything(seed, verbose=False)
+        return build_model(cfg, task).state_dict()
+
+    expected = [alone(seed) for seed in (3, 5)]
+    original = native_init.initialize_native_model
+
+    def drifted(model, config):  # what a later TransformerLens might do that the copy path does not repeat
+        torch.rand(1)
+        original(model, config)
+
+    monkeypatch.setattr(native_init, "initialize_native_model", drifted)
+    with one_build():
+        got = []
+        for seed in (3, 5):
+            seed_everything(seed, verbose=False)
+            got.append(build_model(cfg, task).state_dict())
+        assert list(_BUILT[-1].values()) == [None]  # the copy path refused
+    monkeypatch.undo()
+    for mine, theirs in zip(got, expected):
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    with one_build():
+        seed_everything(3, verbose=False)
+        build_model(cfg, task)
+        with torch.random.fork_rng():
+            torch.set_default_dtype(torch.float64)
+            try:
+                seed_everything(5, verbose=False)
+                wide = build_model(cfg, task)
+            finally:
+                torch.set_default_dtype(torch.float32)
+    assert wide.W_E.dtype == torch.float64
