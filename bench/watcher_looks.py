@@ -13,7 +13,7 @@ DIR`), so that two trees compare in the same conditions, one process each.
 `--replay FILE` makes them again, without training, on this tree (or `--tree`'s) and prints
 the CPU time they take; with `--answers OUT` it writes their answers, so that two trees'
 answers compare event for event (`--compare A B`: the events' steps, kinds and fields equal,
-floats to `TOLERANCE` relative).
+floats bit for bit, or to `--tolerance` relative).
 
     python bench/watcher_looks.py --members 16 --steps 200 [--profile] [--tree DIR] [--record FILE] [--flags '...']
     python bench/watcher_looks.py --replay FILE [--tree DIR] [--answers OUT]
@@ -38,11 +38,13 @@ ap.add_argument("--record", default=None, help="keep the inputs of the fits made
 ap.add_argument("--replay", default=None, help="make the fits and departure tests of a --record file again, no training")
 ap.add_argument("--answers", default=None, help="with --replay: write the answers here")
 ap.add_argument("--compare", nargs=2, default=None, help="two --answers files: the same events?")
+ap.add_argument("--tolerance", type=float, default=0.0,
+                help="with --compare: floats may differ by this much, relative (default 0: bit for bit)")
 ap.add_argument("--repeats", type=int, default=1, help="with --replay: make them this many times (CPU of each)")
 ap.add_argument("--flags", default="", help="more `phasewatch fit` flags, e.g. '--transitions.logs_per_doubling 16'")
 a = ap.parse_args()
-#: floats in two trees' answers agree to this relative difference
-TOLERANCE = 1e-9
+#: floats in two trees' answers agree to this relative difference (0: exactly)
+TOLERANCE = a.tolerance
 
 
 def same(x, y) -> bool:
@@ -63,7 +65,9 @@ if a.compare:
     assert len(answers[0]) == len(answers[1]), "not the same record"
     differ = [i for i, (x, y) in enumerate(zip(*answers)) if not same(x, y)]
     events = sum(len(x) if isinstance(x, list) else x is not None for x in answers[0])
-    print(f"{len(answers[0])} calls ({events} events): {len(differ)} differ" + (f", the first {differ[:10]}" if differ else ""))
+    how = f"floats to {TOLERANCE:g} relative" if TOLERANCE else "bit for bit"
+    print(f"{len(answers[0])} calls ({events} events), compared {how}: {len(differ)} differ"
+          + (f", the first {differ[:10]}" if differ else ""))
     sys.exit(1 if differ else 0)
 tree = os.path.abspath(a.tree or os.path.join(os.path.dirname(__file__), ".."))
 sys.path[:0] = [tree, os.path.join(tree, "bench")]
