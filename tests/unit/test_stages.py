@@ -736,3 +736,16 @@ def test_memorisation_is_the_training_set_fitted_not_a_small_early_rise():
     assert memorisation.reached({k: v for k, v in series.items() if k != "train/acc"}, 11)
     with pytest.raises(ValueError):
         Signature("bad", moves=("train/acc up",), reaches=("train/acc > 0.5",))
+
+
+def test_a_level_below_is_reached_only_at_or_under_it():
+    """`reaches` "KEY <= LEVEL": every logged series matching KEY at or under LEVEL at the
+    stage's end (interpolated in log-step), a series not logged passing."""
+    fell = Signature("fell", moves=("train/loss down",), reaches=(r"(train|val)/loss <= 0.1",))
+    series = {"train/loss": ([1, 10, 100, 1000], [3.0, 2.0, 0.05, 0.01]),
+              "val/loss": ([1, 10, 100, 1000], [3.0, 3.0, 0.5, 0.08])}
+    assert not fell.reached(series, 10)
+    assert not fell.reached(series, 100)  # the training loss is under, the test loss not yet
+    assert fell.reached(series, 1000)  # both under
+    assert fell.reached({"train/loss": series["train/loss"]}, 100)  # no test loss logged: passes
+    assert not fell.reached({"train/loss": series["train/loss"]}, 10 ** 1.5)  # 10^1.5: half-way in log-step, 1.025
