@@ -27,8 +27,9 @@ QUIET = ["--transitions.every_n_validations", "1000", "--transitions.looks", "0"
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """The runs on one torch thread: their floats, and so their trajectories, are then the same
-    on every machine (several threads split a sum by the number of cores). On two threads the
+    """The runs on one torch thread: their floats, and so their trajectories, then do not depend
+    on the number of cores (several threads split a sum by it; another CPU's kernels may still
+    round otherwise). On two threads the
     quickstart_tiny run of seed 0 ends otherwise: its cleanup's Gini rise after the test loss drop
     was 0.067 (2026-11-28, 5e1aa52 and its successors alike), under the 0.1 it passes on one."""
     before = torch.get_num_threads()
