@@ -74,10 +74,10 @@ class ProbeRunner(pl.Callback):
         self._held_out: HeldOutLogits | None = None  # validation's logits, while it runs
         self._initial = None  # a frozen copy of the model at step 0, for `initial` probes
         self._initial_state: dict | None = None  # its weights, restored from a checkpoint
-        #: (probe name, options, step) -> this run's values of a probe measured over stacked
+        #: (probe name, options, step, hook) -> this run's values of a probe measured over stacked
         #: weights (`StackedProbes`), None for a probe without that form: set by a population
         #: for its members, and at setup for a run alone with `model.vectorised`
-        self.stacked: Callable[[str, dict, int], dict | None] | None = None
+        self.stacked: MemberProbes | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         task = pl_module.task
@@ -89,7 +89,7 @@ class ProbeRunner(pl.Callback):
         if self.stacked is None and (getattr(pl_module, "hparams", None) or {}).get("vectorised"):
             # a population's member re-run alone measures as the population does (one of one)
             self.stacked = StackedProbes.of_one(pl_module.model, task).values_of(0)
-        if isinstance(self.stacked, MemberProbes):  # the population asks who else will want a probe now
+        if self.stacked is not None:  # the population asks who else will want a probe now
             self.stacked.plan(lambda at, name, trainer=trainer: name in self._will_run(trainer, at))
         self._steps = set(self.schedule.resolve(trainer.max_steps))
         self._own_steps = {name: set(s.resolve(trainer.max_steps)) for name, s in own.items()}
@@ -181,9 +181,7 @@ class ProbeRunner(pl.Callback):
         if not probes:
             return
         step = trainer.global_step
-        given = None if self.stacked is None else (
-            (lambda name, options: self.stacked(name, options, step, at)) if isinstance(self.stacked, MemberProbes)
-            else (lambda name, options: self.stacked(name, options, step)))
+        given = None if self.stacked is None else (lambda name, options: self.stacked(name, options, step, at))
         results = measure(pl_module.model, pl_module.task, probes, self.options, self._initial_model(pl_module, step),
                           self.clock, given, held_out)
         scalars = record_results(results, run_folder(trainer), step)
