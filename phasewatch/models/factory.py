@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import copyreg
 import dataclasses
 import re
+import types
+import weakref
+from collections import OrderedDict
 from typing import Any, Iterator
 
 import torch
@@ -188,7 +192,7 @@ def _drawn_copy(template: torch.nn.Module, bridge_cfg: Any) -> torch.nn.Module:
     drawn = NativeModel(cfg)
     if cfg.init_weights:
         initialize_native_model(drawn, cfg)
-    model = copy.deepcopy(template)
+    model = tree_copy(template)
     native = native_module(model)
     own = {_UNWRAPPED.sub("", name): t for name, t in (*native.named_parameters(), *native.named_buffers())}
     fresh = dict((*drawn.named_parameters(), *drawn.named_buffers()))
@@ -200,6 +204,81 @@ def _drawn_copy(template: torch.nn.Module, bridge_cfg: Any) -> torch.nn.Module:
         for name, tensor in fresh.items():
             own[name].copy_(tensor)
     return model
+
+
+#: what `copy.deepcopy` returns as it is (its `_deepcopy_atomic` types)
+_ATOMIC = frozenset({type(None), int, float, bool, complex, bytes, str, types.CodeType, type, range,
+                     types.BuiltinFunctionType, type(Ellipsis), type(NotImplemented), types.FunctionType,
+                     weakref.ref, property})
+
+
+def tree_copy(x: Any) -> Any:
+    """`copy.deepcopy(x)`: the same copy (every object copied or kept as deepcopy does, shared
+    objects shared alike: tests/unit/test_tree_copy.py), in fewer Python calls for what a bridge
+    is mostly made of (about 2,700 objects for the proxy's two layers, half of them modules'
+    OrderedDicts of hooks, parameters and submodules): plain dicts, lists, tuples and empty-
+    attribute OrderedDicts are copied directly, and an object without its own copy or reduce
+    protocol is rebuilt from its `__reduce_ex__(4)` as deepcopy's `_reconstruct` does; every
+    other object (tensors, bound methods, classes with their own `__deepcopy__`, `__reduce__`
+    or copyreg entry) goes to `copy.deepcopy` with the same memo. 1.7x faster on a bridge
+    (bench/README.md, population, session 20)."""
+    return _copy(x, {})
+
+
+def _copy(x: Any, memo: dict) -> Any:
+    cls = type(x)
+    if cls in _ATOMIC:
+        return x
+    d = id(x)
+    y = memo.get(d, memo)
+    if y is not memo:
+        return y
+    if cls is dict or (cls is OrderedDict and not vars(x)):
+        y = cls()
+        memo[d] = y
+        for k, v in x.items():
+            y[_copy(k, memo)] = _copy(v, memo)
+    elif cls is list:
+        y = []
+        memo[d] = y
+        y.extend(_copy(v, memo) for v in x)
+    elif cls is tuple:  # as copy's _deepcopy_tuple: the same tuple where every item is kept
+        items = [_copy(v, memo) for v in x]
+        if d in memo:
+            return memo[d]
+        y = tuple(items) if any(a is not b for a, b in zip(x, items)) else x
+        memo[d] = y
+    elif (cls in copy._deepcopy_dispatch or issubclass(cls, type) or cls in copyreg.dispatch_table
+          or getattr(x, "__deepcopy__", None) is not None or isinstance(x, (dict, list, set))):
+        return copy.deepcopy(x, memo)
+    else:
+        rv = x.__reduce_ex__(4)
+        if isinstance(rv, str):
+            return copy.deepcopy(x, memo)
+        y = _reconstruct(x, memo, *rv)
+    memo.setdefault(id(memo), []).append(x)  # (deepcopy's _keep_alive)
+    return y
+
+
+def _reconstruct(x: Any, memo: dict, func, args, state=None, listiter=None, dictiter=None) -> Any:
+    """copy's `_reconstruct` (deep), copying through `_copy`."""
+    y = func(*(_copy(args, memo) if args else args))
+    memo[id(x)] = y
+    if state is not None:
+        state = _copy(state, memo)
+        if hasattr(y, "__setstate__"):
+            y.__setstate__(state)
+        else:
+            state, slots = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
+            if state is not None:
+                y.__dict__.update(state)
+            for key, value in (slots or {}).items():
+                setattr(y, key, value)
+    for item in listiter or ():
+        y.append(_copy(item, memo))
+    for key, value in dictiter or ():
+        y[_copy(key, memo)] = _copy(value, memo)
+    return y
 
 
 _UNWRAPPED = re.compile(r"\._original_component(?=\.|$)|^_original_component\.")
