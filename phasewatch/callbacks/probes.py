@@ -305,14 +305,15 @@ class HeldOutLogits:
 class StackedProbes:
     """The probes of a population's members that have a form over stacked weights
     (`probes.stacked.STACKED`): the first member to ask for one at a step gets it measured
-    for every member expected to ask (`expect`, by default all) that will run it at the hook
-    now running (its runner's plan, `MemberProbes.plan`; a member without one counts as
-    wanting it) in one pass; the others are handed their values as they ask. Probes without
+    for every member expected to ask (`expect`, by default all) whose turn at the hook now
+    running is not over (`done`) and that will run it there (its runner's plan,
+    `MemberProbes.plan`; a member without one counts as wanting it) in one pass; the others are handed their values as they ask. Probes without
     that form (or whose form refuses the model): None (run member by member)."""
 
     def __init__(self, template: torch.nn.Module, params: Callable[[], dict[str, torch.Tensor]], models: list, task):
         self.template, self.params, self.models, self.task = template, params, models, task
         self.expected: list[int] = list(range(len(models)))
+        self._done: set[int] = set()  # the expected members whose turn at the hook is over
         self._step: int | None = None
         self._values: dict[tuple[str, str], dict[int, dict]] = {}  # (probe, options) -> member -> values
         #: member -> whether it will run probe `name` at the hook now running (`at`)
@@ -326,7 +327,12 @@ class StackedProbes:
 
     def expect(self, members: list[int]) -> None:
         """The members whose probes may run next (a population's hook): measured together."""
-        self.expected = members
+        self.expected, self._done = members, set()
+
+    def done(self, member: int) -> None:
+        """Member `member`'s callbacks have run at the hook now running: it asks nothing more
+        there, whatever its plan now says."""
+        self._done.add(member)
 
     def values_of(self, member: int) -> "MemberProbes":
         """Member `member`'s `ProbeRunner.stacked`."""
@@ -342,7 +348,10 @@ class StackedProbes:
             self._step, self._values = step, {}
         got = self._values.setdefault((name, repr(sorted(options.items()))), {})
         if member not in got:
-            todo = sorted({member} | {k for k in self.expected if k not in got and self._wants(k, at, name)})
+            # not the members whose turn at this hook is over (`done`): a watcher's look in it may
+            # since have made the step dense for one, which it will not act on before the next hook
+            todo = sorted({member} | {k for k in self.expected
+                                      if k not in got and k not in self._done and self._wants(k, at, name)})
             params = self.params()
             if len(todo) < len(self.models):
                 params = {key: p[todo] for key, p in params.items()}

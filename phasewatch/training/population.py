@@ -534,6 +534,7 @@ class MemberCallbacks(pl.Callback):
                     getattr(cb, hook)(view, member, *args)
             finally:
                 view.frozen = None
+            self.probes.done(view._index)
             saved |= view.saved
         if saved and self._last_due(hook, frozen):  # the population's own checkpoint, after every member's
             tmp = self.last.with_name(self.last.name + ".tmp")

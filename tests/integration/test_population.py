@@ -297,3 +297,65 @@ def test_one_parse_gives_every_member_the_namespace_its_own_config_parses_to(tmp
         for config, copy in zip(configs, copies):
             assert copy == seen["parser"].parse_object(config)
         assert copies[1].seed_everything == 9 and copies[1].data.task.init_args.seed == (9 if vary else 0)
+
+
+def test_the_members_plans_predict_the_stacked_probes_they_run(tmp_path, monkeypatch):
+    """A real population with the default probes (composition and heads: stacked forms): each
+    pass of a stacked probe covers exactly the members that run it at that hook (their
+    `ProbeRunner._will_run`, asked when the first member asks), and no member is measured twice
+    at a hook. Member m01's watcher is made to hold an onset of train/loss pending over steps
+    3-9 (every probe dense there: `dense_probes`), so that at those steps it runs the probes
+    alone, and at the steps of the watchers' look grid every member acts but only m01 runs them.
+    (Until session 20 a member whose turn at the hook had passed was asked its plan too: at step
+    10 m00's own look had just made the step dense for it, and it was measured in vain.)"""
+    from phasewatch.callbacks import probes as probes_module
+    from phasewatch.callbacks.transitions import TransitionWatcher
+
+    watchers: list = []
+    setup, dense = TransitionWatcher.setup, TransitionWatcher.dense_metrics
+
+    def setting_up(self, trainer, pl_module, stage):
+        watchers.append(self)
+        return setup(self, trainer, pl_module, stage)
+
+    def dense_metrics(self, step):
+        if len(watchers) > 1 and self is watchers[1] and 3 <= step <= 9 and step in self._dense_steps:
+            return {"train/loss"}
+        return dense(self, step)
+
+    passes, runs = [], []
+    values, run = probes_module.StackedProbes.values, probes_module.ProbeRunner._run
+
+    def counted_values(self, member, name, options, step, at="step"):
+        key = (name, repr(sorted(options.items())))
+        before = set(self._values.get(key, {})) if self._step == step else set()
+        out = values(self, member, name, options, step, at)
+        measured = set(self._values.get(key, {})) - before
+        if measured:
+            passes.append(((name, step, at), measured))
+        return out
+
+    def counted_run(self, trainer, pl_module, probes, held_out=None, at="step"):
+        names = {p.name for p in probes} & {"composition", "heads"}
+        for name in names:
+            runs.append(((name, trainer.global_step, at), trainer._index))
+        return run(self, trainer, pl_module, probes, held_out, at)
+
+    monkeypatch.setattr(TransitionWatcher, "setup", setting_up)
+    monkeypatch.setattr(TransitionWatcher, "dense_metrics", dense_metrics)
+    monkeypatch.setattr(probes_module.StackedProbes, "values", counted_values)
+    monkeypatch.setattr(probes_module.ProbeRunner, "_run", counted_run)
+    assert main(["fit", *TASKS["induction"], *ARGS, *PROBED, "--trainer.max_steps", "12",
+                 "--run_dir", str(tmp_path / "pop"), "--population.seeds", "0-3"]) == 0
+    ran: dict = {}
+    for where, member in runs:
+        ran.setdefault(where, set()).add(member)
+    measured: dict = {}
+    for where, members in passes:
+        assert where not in measured, f"{where}: a second pass (a member asked that the plans left out)"
+        measured[where] = members
+    assert measured == ran
+    assert {where for where, members in ran.items() if members == {1}} >= {(n, 3, "step") for n in ("composition", "heads")}
+    # (composition and heads are cheap: every member at step 0 and at every validation's end)
+    assert all(ran[(name, step, at)] == {0, 1, 2, 3} for name in ("composition", "heads")
+               for step, at in ((0, "step"), (4, "validation"), (8, "validation"), (12, "validation")))
