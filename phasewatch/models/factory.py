@@ -216,12 +216,12 @@ def tree_copy(x: Any) -> Any:
     """`copy.deepcopy(x)`: the same copy (every object copied or kept as deepcopy does, shared
     objects shared alike: tests/unit/test_tree_copy.py), in fewer Python calls for what a bridge
     is mostly made of (about 2,700 objects for the proxy's two layers, half of them modules'
-    OrderedDicts of hooks, parameters and submodules): plain dicts, lists, tuples and empty-
-    attribute OrderedDicts are copied directly, and an object without its own copy or reduce
-    protocol is rebuilt from its `__reduce_ex__(4)` as deepcopy's `_reconstruct` does; every
-    other object (tensors, bound methods, classes with their own `__deepcopy__`, `__reduce__`
-    or copyreg entry) goes to `copy.deepcopy` with the same memo. 1.7x faster on a bridge
-    (bench/README.md, population, session 20)."""
+    OrderedDicts of hooks, parameters and submodules): plain dicts, lists, tuples, sets of atoms
+    and OrderedDicts without attributes are copied directly, and an object without its own copy
+    or reduce protocol is rebuilt from its `__reduce_ex__(4)` as deepcopy's `_reconstruct` does;
+    every other object (tensors, bound methods, classes with their own `__deepcopy__`,
+    `__reduce__` or copyreg entry) goes to `copy.deepcopy` with the same memo. A member's bridge
+    copied in about 40% of deepcopy's time (bench/README.md, population, session 20)."""
     return _copy(x, {})
 
 
@@ -242,6 +242,9 @@ def _copy(x: Any, memo: dict) -> Any:
         y = []
         memo[d] = y
         y.extend(_copy(v, memo) for v in x)
+    elif cls is set and all(type(v) in _ATOMIC for v in x):  # (a module's `_non_persistent_buffers_set`)
+        y = set(x)
+        memo[d] = y
     elif cls is tuple:  # as copy's _deepcopy_tuple: the same tuple where every item is kept
         items = [_copy(v, memo) for v in x]
         if d in memo:

@@ -122,6 +122,7 @@ def test_objects_tree_copied_as_deepcopy_copies_them():
         "ordered": OrderedDict(x=shared, y=OrderedDict(z=(shared,))), "attributed ordered": attributed,
         "slotted": Slotted(shared, Slotted(1, shared)), "plain": plain, "own copy": OwnCopy(shared),
         "dict subclass": Items(a=shared), "default": defaultdict(list, a=shared), "set": {1, 2, "x"},
+        "empty set": set(), "set of tuples": {(1, "a"), (2, "b")},
         "frozen": frozenset({1, 2}), "partial": functools.partial(max, shared), "function": tree_copy,
         "class": Plain, "tensor": torch.arange(3.0), "leaf": torch.zeros(2, requires_grad=True), "parameter": torch.nn.Parameter(torch.ones(2)),
         "module": torch.nn.Linear(2, 3), "device": torch.device("cpu"), "dtype": torch.float64,
