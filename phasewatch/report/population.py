@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from phasewatch.probes.keys import headline_keys
@@ -96,6 +97,13 @@ def _link(path: Path) -> str:
     return quote(path.as_posix())
 
 
+_MISSING = object()
+
+
+def _seed(member: RunFolder) -> Any:
+    return (member.read_config() if member.config.exists() else {}).get("seed_everything", "?")
+
+
 def write_population_report(root: str | Path, out: str | Path | None = None) -> Path:
     """Write the population's report (and its figures and compare.csv); its path.
     FileNotFoundError when `root` holds no member runs."""
@@ -118,10 +126,13 @@ def write_population_report(root: str | Path, out: str | Path | None = None) -> 
         "<tr><td>" + html.escape(c) + "</td>" + "".join(
             f"<td>{stats[s][c]:.0f}</td>" if stats.get(s, {}).get(c) is not None else "<td></td>" for s in STATISTICS)
         + "</tr>" for c in transitions)
+    # each member's seed as the table read it from its config (it differs between members), else read here
+    runs = [r for r in rows if r["run"] not in STATISTICS]
+    seeds = [r.get("seed_everything", _MISSING) for r in runs] if len(runs) == len(members) else [_MISSING] * len(members)
     links = "".join(
         f'<li><a href="{html.escape(_link(m.report.relative_to(root)))}">{html.escape(m.root.name)}</a>'
-        f" (seed {html.escape(str((m.read_config() if m.config.exists() else {}).get('seed_everything', '?')))})</li>"
-        for m in members)
+        f" (seed {html.escape(str(_seed(m) if seed is _MISSING else seed))})</li>"
+        for m, seed in zip(members, seeds))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8">{policy()}<title>{html.escape(root.name)}: population of {len(members)}</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1300px}} img{{max-width:100%}}
