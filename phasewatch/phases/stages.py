@@ -236,23 +236,6 @@ class Stage:
         return cls(**{k: v for k, v in record.items() if k in fields})
 
 
-def _copies(series: dict, rules: StageRules) -> set[str]:
-    """The keys that are copies of a declared key: logged with no declared scale of their own
-    (`rules.scale`) at the same steps with the same values, bit for bit, as a key that has one
-    (`val/seq_acc` is `val/acc` where every answer is one token). One measurement counts once:
-    their transitions are no stage's (docs/stages.md, How stages are found, 1). None without
-    declarations."""
-    if rules.scale is None:
-        return set()
-    undeclared, logged = {k for k in series if rules.scale(k) is None}, {}
-    for k in undeclared:
-        if (p := _points(series[k])) is not None:
-            logged.setdefault((p[0].tobytes(), p[1].tobytes()), []).append(k)
-    sizes = {len(series[k][0]) for k in undeclared}
-    declared = (_points(data) for k, data in series.items() if k not in undeclared and len(data[0]) in sizes)
-    return {k for p in declared if p is not None for k in logged.get((p[0].tobytes(), p[1].tobytes()), ())}
-
-
 def _event_dict(event) -> dict:
     """A plain dict of an event (a dict, or anything with `to_dict`)."""
     return dict(event) if isinstance(event, dict) else dict(event.to_dict())
@@ -784,8 +767,7 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
     stage, and each of its pieces joins its own kept stage."""
     rules = rules or StageRules()
     kept = {_key(m) for stage in keep for m in stage.members}
-    copies = _copies(series, rules)
-    usable = [e for e in map(_event_dict, events) if _usable(e, rules) and e["metric"] not in copies]
+    usable = [e for e in map(_event_dict, events) if _usable(e, rules)]
     keep = [dataclasses.replace(stage, members=list(stage.members)) for stage in keep]
     rest, moved_on = _absorbed([e for e in usable if _key(e) not in kept], keep, series, level)
     groups = [g for g in _group(rest, series, rules, level) if not all(id(m) in moved_on for m in g)]

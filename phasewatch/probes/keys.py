@@ -161,12 +161,18 @@ def headline_keys() -> list[str]:
     return list(dict.fromkeys(k for f in _FAMILIES.values() for k in f.headline))
 
 
+#: the scales of keys no panel takes: the sequence accuracies (hidden; where every answer is one
+#: token, the accuracy itself) are accuracies, watched on their values as the accuracies are
+#: (undeclared, one spanning two decades was watched in log10: docs/stages.md, How stages are found, 1)
+UNDRAWN_SCALES = {"val/seq_acc": "linear", "val_longer/seq_acc": "linear"}
+
+
 def declared_scale(key: str) -> str | None:
     """The scale `key` is watched on, as declared (phases/scale.py `watch_scale` decides the
     rest): "log" when the first declared panel that takes it draws it on a log axis, "linear"
-    when that panel does not, None when no panel takes it."""
+    when that panel does not; when no panel takes it, its `UNDRAWN_SCALES` entry, else None."""
     panel = next((p for p in panels() if p.matches(key)), None)
-    return None if panel is None else "log" if panel.log_y else "linear"
+    return UNDRAWN_SCALES.get(key) if panel is None else "log" if panel.log_y else "linear"
 
 
 def _declares(family: KeyFamilies, key: str) -> bool:
