@@ -356,12 +356,14 @@ class TransitionWatcher(pl.Callback):
         here = {s.id for s in self.stages}
         previous = self.stages + [s for k, s in self._begun.items() if k not in here and self._said.get(k) == "begins"]
         self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=kept)
+        self._heir(series)
         news = []
         told = [s for s in self.stages + list(self._said_as.values()) if self._said.get(s.id) in ("begins", "confirmed")]
         for stage in (s for s in self.stages if evident(s, series)):
             done = not any(m.get("under_way") for m in stage.members)
             said = self._said.get(stage.id)
-            if said is None and not done and not any(s.id != stage.id and one_activity(s, stage, series) for s in told):
+            if (said is None and not done and self._beginning(stage, series, step)
+                    and not any(s.id != stage.id and one_activity(s, stage, series) for s in told)):
                 news.append(("begins", stage))
                 self._said[stage.id], self._said_as[stage.id] = "begins", stage
             elif said != "confirmed" and done:
@@ -380,6 +382,47 @@ class TransitionWatcher(pl.Callback):
                     news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
                 self._said[stage_id] = "joined" if taken else "withdrawn"
         return news
+
+    def _beginning(self, stage: Stage, series: dict, step: int) -> bool:
+        """A member of the stage is a change still going on at `step` by the watcher's own
+        account: a change in progress (its fitted end after its series' last point), or an
+        ended one not yet due for confirmation (the run short of `settle` x its end, or fewer
+        than `points_after` values of its series after it). A stage whose changes under way
+        are all over by then has not begun now: its fits ended long ago and were never
+        confirmed (a fit the detector finds again late, in a series that moved on), and its
+        news is its confirmation, if one comes (docs/stages.md, "When a stage is said")."""
+        def going(m: dict) -> bool:
+            if m.get("kind") != "transition":
+                return True
+            steps = np.asarray(series.get(m["metric"], ((), ()))[0], dtype=float)
+            return step < self.settle * m["end"] or int(np.sum(steps > m["end"])) < self.points_after
+        return any(m.get("under_way") and going(m) for m in stage.members)
+
+    def _heir(self, series: dict) -> None:
+        """A stage not yet said that holds a change a stage said to begin held (a member of the
+        same series and direction, one's midpoint within the other's span: `_refit`, one change
+        fitted twice), as it was said or as last seen, when that stage is gone from this look's
+        stages, is that stage: it takes its id, so that what was said to begin is confirmed under
+        the id it was said with, and not said to begin again under another (a look that groups
+        the said stage's changes with others gives the group the id of the previous stage
+        sharing most series with it, `detect_stages`' `previous`, which can be one never said)."""
+        present = {s.id for s in self.stages}
+        gone = [k for k, said in self._said.items() if said == "begins" and k not in present]
+        for stage in sorted(self.stages, key=lambda s: (s.onset, s.id)):
+            if self._said.get(stage.id) is not None or not gone:
+                continue
+            held = {}
+            for k in gone:
+                seen = [m for s in (self._said_as.get(k), self._begun.get(k)) if s is not None for m in s.members]
+                common = sum(any(m["series"] == o["series"] and m["direction"] == o["direction"]
+                                 and _refit(m, o, series.get(m["series"], ((), ()))[0]) for o in seen)
+                             for m in stage.members)
+                if common:
+                    held[k] = common
+            if held:
+                heir = max(held, key=lambda k: (held[k], -k))
+                gone.remove(heir)
+                stage.id = heir
 
     def update(self, series: dict, step: int, final: bool = False) -> list[dict]:
         """The new events at `step` given the series so far ({key: (steps, values)}), recorded
