@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Mapping
 from typing import Any, Iterator
 
@@ -42,16 +43,23 @@ RESIDENT_BATCHES = 16
 
 class StepStream(IterableDataset):
     """Endless training batches: the batch at step s is `task.train_batch(s, batch_size)`,
-    starting at `start` (the step a resumed run continues from)."""
+    starting at `start` (the step a resumed run continues from). Where `unused()` says that
+    nobody reads Lightning's batch (steps in chunks draw their own: `TrainModule._chunk`), an
+    empty batch (`UNUSED`) stands in for it, not drawn."""
 
-    def __init__(self, task: Task, batch_size: int | None, start: int):
-        self.task, self.batch_size, self.start = task, batch_size, start
+    def __init__(self, task: Task, batch_size: int | None, start: int, unused=None):
+        self.task, self.batch_size, self.start, self.unused = task, batch_size, start, unused
 
     def __iter__(self) -> Iterator[Batch]:
         step = self.start
         while True:
-            yield self.task.train_batch(step, self.batch_size)
+            yield UNUSED if self.unused is not None and self.unused() else self.task.train_batch(step, self.batch_size)
             step += 1
+
+
+#: what Lightning's loop is handed where no step reads its batch (`StepStream`)
+UNUSED = Batch(torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long),
+               torch.zeros(0, 0, dtype=torch.bool))
 
 
 def _identity(x):
@@ -85,8 +93,14 @@ class TaskDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         start = self.trainer.global_step if self.trainer is not None else 0
-        return DataLoader(StepStream(self.task, self.batch_size, start), batch_size=None, collate_fn=_identity,
-                          pin_memory=self.pins())
+        return DataLoader(StepStream(self.task, self.batch_size, start, self._batches_unused), batch_size=None,
+                          collate_fn=_identity, pin_memory=self.pins())
+
+    def _batches_unused(self) -> bool:
+        """Whether the module runs its steps in chunks (`TrainModule.chunked`), which draw each
+        step's batch themselves: Lightning's own is not read."""
+        plan = getattr(self.trainer.lightning_module, "_fit_plan", None) if self.trainer is not None else None
+        return plan is not None and plan.chunked
 
     def pins(self) -> bool:
         """Whether training batches are pinned in host memory (copied to the GPU without
@@ -175,6 +189,7 @@ class TrainModule(pl.LightningModule):
         # to the training loss (callbacks/interventions.py's aux_loss)
         self.aux_terms: list = []
         self._fit_plan: FitPlan | None = None  # what this fit decided once (`on_train_start`)
+        self._chunk_ends_by = 0.0  # `time.monotonic()` by which a chunk ends for the progress bar (`_due_at`)
         self._modes_before_validation: list[tuple[torch.nn.Module, bool]] = []  # `on_validation_model_eval`
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -218,24 +233,40 @@ class TrainModule(pl.LightningModule):
 
     def on_train_start(self) -> None:
         self._fit_plan = None  # decided afresh for this fit
-        self._fit_plan = FitPlan.of(self.trainer, self._chunkable(self.trainer))
+        chunked = self._chunkable(self.trainer)
+        self._fit_plan = FitPlan.of(self.trainer, chunked, self.fit_loop_steps() if chunked else None)
+
+    def fit_loop_steps(self):
+        """Lightning's count of optimizer steps in chunks (manual optimisation): `global_step`."""
+        return self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
 
     def on_train_end(self) -> None:
         self._fit_plan = None
 
     def _due_at(self, step: int) -> bool:
         """Whether anything happens between the optimisation step that ends at `step` and the
-        next: logging, validation, the end, a stop or a signal, or a callback's hook (its
-        `due_at`, as a population asks: training/population.py)."""
-        trainer = self.trainer
-        interval = trainer.val_check_batch
-        if (step % trainer.log_every_n_steps == 0 or step >= trainer.max_steps or trainer.should_stop
-                or trainer.received_sigterm
-                or (trainer.enable_validation and isinstance(interval, int) and step % interval == 0)):
-            return True
+        next but the training log (which a chunk hands over itself, `_hand_over`): validation,
+        the end, a stop or a signal, a callback's hook (its `due_at`, as a population asks:
+        training/population.py), or the progress bar's next draw (`FitPlan.bar_seconds`)."""
         plan = self._fit_plan
-        dense = any(watcher.dense_now(step) for watcher in plan.watchers)
-        return any(cb.due_at(step, dense) for cb in plan.due)
+        trainer = plan.trainer
+        if (step >= plan.max_steps or trainer.should_stop or trainer.received_sigterm
+                or (plan.val_every and step % plan.val_every == 0)):
+            return True
+        dense = False
+        for watcher in plan.watchers:
+            if watcher.dense_now(step):
+                dense = True
+                break
+        for cb in plan.due:
+            if cb.due_at(step, dense):
+                return True
+        return plan.bar_seconds is not None and time.monotonic() >= self._chunk_ends_by
+
+    def _step_now(self) -> int:
+        """`global_step`, in chunks read from Lightning's counter straight (`FitPlan.steps`)."""
+        plan = self._fit_plan
+        return plan.steps.total.completed if plan is not None and plan.steps is not None else self.global_step
 
     def _chunk(self, batch_idx: int) -> torch.Tensor | None:
         """Optimisation steps from this one up to the next where anything is due, or one whose
@@ -246,12 +277,16 @@ class TrainModule(pl.LightningModule):
         `chunked` allows has any). Lightning's own batch is not used: after a chunk its stream's
         position is no longer the step. Lightning's counters count each step."""
         optimizer, sched = self.optimizers().optimizer, self.lr_schedulers()
-        loop = self.trainer.fit_loop.epoch_loop
-        steps = loop.manual_optimization.optim_step_progress  # Lightning's global_step
-        data = self.trainer.datamodule
+        plan = self._fit_plan
+        loop = plan.trainer.fit_loop.epoch_loop
+        steps = plan.steps  # Lightning's global_step: steps.total.completed
+        data = plan.trainer.datamodule
         device, pin = self.device, data.pins()
+        train_batch, batch_size = self.task.train_batch, data.batch_size
+        if plan.bar_seconds is not None:
+            self._chunk_ends_by = time.monotonic() + plan.bar_seconds
         while True:
-            batch = self.task.train_batch(self.global_step, data.batch_size)
+            batch = train_batch(steps.total.completed, batch_size)
             if device.type != "cpu":
                 batch = self.transfer_batch_to_device(batch.pin_memory() if pin else batch, device, 0)
             loss = self._step(batch, batch_idx)
@@ -262,8 +297,10 @@ class TrainModule(pl.LightningModule):
             optimizer.step()  # with no gradients (a skipped step) it changes nothing
             steps.increment_completed()
             sched.step()
-            if loss is None or self._due_at(self.global_step):
+            if loss is None or self._due_at(steps.total.completed):
                 return loss
+            if self._train_log is not None:  # a logging step with nothing else due: logged here
+                self._hand_over()
             # the step just done, counted as Lightning counts a batch (validation and logging
             # follow its counts) before the next
             for count in (loop.batch_progress.increment_processed, loop.batch_progress.increment_completed,
@@ -282,7 +319,7 @@ class TrainModule(pl.LightningModule):
             return self._vectorised_step(batch)
         logits = native_module(self.model)(batch.tokens)
         aux = {name: term for fn in self.aux_terms for name, term in fn(self).items()}
-        if (self.global_step + 1) % self.trainer.log_every_n_steps:
+        if (self._step_now() + 1) % self._trainer.log_every_n_steps:
             # not a logging step (Lightning's own rule): skip the metric bookkeeping, which
             # costs as much as a small model's step
             return self._checked(masked_loss(logits, batch, self.loss_dtype) + sum(aux.values()), logging=False)
@@ -309,7 +346,7 @@ class TrainModule(pl.LightningModule):
 
     def _vectorised_step(self, batch: Batch) -> torch.Tensor | None:
         """The training step of `vectorised`: PopulationModule.training_step's arithmetic."""
-        logging = not (self.global_step + 1) % self.trainer.log_every_n_steps
+        logging = not (self._step_now() + 1) % self._trainer.log_every_n_steps
         out = self._as_population_of_one(padded(batch, self.task.n_ctx), counts=logging)  # as the population
         aux = {name: term for fn in self.aux_terms for name, term in fn(self).items()}
         loss = out["loss"].sum() + sum(aux.values())  # the population back-propagates the sum over members
@@ -328,7 +365,7 @@ class TrainModule(pl.LightningModule):
         if self.skipped_steps != self._skips_logged:
             values["train/skipped_steps"] = float(self.skipped_steps)
             self._skips_logged = self.skipped_steps
-        self._train_log = (self.global_step, {key: value.detach() if isinstance(value, torch.Tensor) else value
+        self._train_log = (self._step_now(), {key: value.detach() if isinstance(value, torch.Tensor) else value
                                               for key, value in values.items()})
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -336,9 +373,13 @@ class TrainModule(pl.LightningModule):
         gave them, after the callbacks' hooks (where Lightning hands over what `self.log`
         collected): straight, as the population does, since Lightning's `self.log` and logger
         connector cost about 10,000 Python calls a logging step (bench/README.md, fit_speed).
-        The progress bar shows the training loss and accuracy from `shown`."""
-        if self._train_log is None:
-            return
+        The progress bar shows the training loss and accuracy from `shown`. In chunks, a logging
+        step where nothing else is due is handed over at once (`_chunk`)."""
+        if self._train_log is not None:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The logging step's values (`_log_train`) to the loggers and the progress bar."""
         (step, values), self._train_log = self._train_log, None
         metrics = {key: float(value) for key, value in values.items()}
         emit(self.loggers, metrics, step)
@@ -452,11 +493,29 @@ class TrainModule(pl.LightningModule):
         ]).double()
 
     def on_validation_epoch_end(self) -> None:
+        """The validation's values, filed under the step whose weights gave them. In a fit they go
+        to the loggers straight (`emit`, as Lightning's logger connector would hand them over),
+        and into `trainer.callback_metrics` and `progress_bar_metrics` as `self.log` would leave
+        them: `self.log` and the logger connector cost about 2,000 Python calls a value
+        (bench/README.md, fit_speed). Elsewhere (`phasewatch validate`, a sanity check) through
+        `self.log`."""
+        values, shown = {}, {}
         for group, (loss, tokens, correct, seq_ok, seqs) in self._val_sums.items():
-            self.log(f"{group}/loss", loss / tokens, prog_bar=group == "val")
-            self.log(f"{group}/acc", correct / tokens, prog_bar=group == "val")
-            self.log(f"{group}/seq_acc", seq_ok / seqs)
-        self._log_step()
+            values |= {f"{group}/loss": loss / tokens, f"{group}/acc": correct / tokens, f"{group}/seq_acc": seq_ok / seqs}
+            if group == "val":
+                shown |= {"val/loss": values["val/loss"], "val/acc": values["val/acc"]}
+        trainer = self.trainer
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            for key, value in values.items():
+                self.log(key, value, prog_bar=key in shown)
+            self._log_step()
+            return
+        step = self.global_step
+        emit(self.loggers, {key: value.item() for key, value in values.items()}, step)
+        logged = {**values, "step": torch.tensor(float(step), device=self.device)}
+        trainer.callback_metrics.update(logged)
+        trainer.logged_metrics.update(logged)
+        trainer.progress_bar_metrics.update({key: value.item() for key, value in shown.items()})
 
     def transfer_batch_to_device(self, batch: Batch, device: torch.device, dataloader_idx: int) -> Batch:
         """The batch on `device`. A batch served again (a full-batch task's training set,
@@ -494,21 +553,36 @@ STEP_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward"
               "on_before_optimizer_step", "on_before_zero_grad")
 
 
+#: a chunk ends after this many seconds where a progress bar is drawn, so that it moves on (`_due_at`)
+BAR_SECONDS = 1.0
+
+
 @dataclasses.dataclass(frozen=True)
 class FitPlan:
     """What a fit decides once, when its training starts: whether its steps run in chunks, the
-    callbacks that say when they act (`due_at`) and its transition watchers (dense steps)."""
+    callbacks that say when they act (`due_at`), its transition watchers (dense steps), and what
+    the trainer fixes for the fit: `max_steps`, the validation interval in steps (`val_every`,
+    0: none), Lightning's count of steps in chunks (`steps`) and, with a progress bar,
+    `bar_seconds` (`BAR_SECONDS`)."""
 
     trainer: pl.Trainer
     chunked: bool
     due: tuple
     watchers: tuple
+    max_steps: int = -1
+    val_every: int = 0
+    steps: Any = None
+    bar_seconds: float | None = None
 
     @classmethod
-    def of(cls, trainer: pl.Trainer, chunked: bool) -> "FitPlan":
+    def of(cls, trainer: pl.Trainer, chunked: bool, steps=None) -> "FitPlan":
         callbacks = trainer.callbacks
+        interval = trainer.val_check_batch
+        bar = trainer.progress_bar_callback
         return cls(trainer, chunked, tuple(cb for cb in callbacks if hasattr(cb, "due_at")),
-                   tuple(cb for cb in callbacks if isinstance(cb, TransitionWatcher)))
+                   tuple(cb for cb in callbacks if isinstance(cb, TransitionWatcher)), trainer.max_steps,
+                   interval if trainer.enable_validation and isinstance(interval, int) else 0, steps,
+                   BAR_SECONDS if bar is not None and bar.is_enabled else None)
 
 
 def padded(batch: Batch, length: int) -> Batch:

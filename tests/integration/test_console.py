@@ -73,4 +73,6 @@ def test_the_progress_bar_counts_optimisation_steps_though_a_lightning_step_runs
     counts = [int(n) for n, total in re.findall(r"\| *(\d+)/(\d+) \[", capsys.readouterr().out) if total == "60"]
     assert counts and counts[-1] == 60, counts
     assert counts == sorted(counts), counts
-    assert {10, 20, 30, 40, 50} <= set(counts), counts  # drawn at each refresh (1 step here) a chunk ended at
+    # drawn at each refresh (1 step here) a chunk ended at: validation (30) and the checkpoints'
+    # log-spaced steps (a logging step, logged inside its chunk, ends none)
+    assert 30 in counts and len(set(counts)) >= 20, counts

@@ -144,3 +144,62 @@ def test_last_ckpt_is_written_once_at_the_end(tmp_path, monkeypatch):
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
     watcher = next(v for k, v in last["callbacks"].items() if "TransitionWatcher" in k)
     assert last["global_step"] == 28 and not watcher["pending"]  # the final look leaves nothing pending
+
+
+def test_a_chunk_logs_its_logging_steps_itself_and_draws_no_batch_for_lightning(tmp_path, monkeypatch):
+    """A logging step where nothing else is due ends no chunk: its values are handed to the
+    loggers inside the chunk (`TrainModule._hand_over`), metrics.jsonl as one step at a time
+    writes it (the tests above). Lightning's own batch, which a chunk does not read, is not
+    drawn (`StepStream`'s `UNUSED`): the task draws each step's batch once."""
+    from phasewatch.tasks.induction import Induction
+
+    drawn: list[int] = []
+    train_batch = Induction.train_batch
+
+    def counted(self, step, batch_size=None):
+        drawn.append(step)
+        return train_batch(self, step, batch_size)
+
+    monkeypatch.setattr(Induction, "train_batch", counted)
+    # no checkpoints but at 0 and the end, no validation: only logging every 5 steps is left
+    chunked = fit(tmp_path / "run", True, monkeypatch, "--probes.names", "[]", "--trainer.max_steps", "20",
+                  "--checkpoints.schedule", '{"kind": "list", "steps": [0]}', "--checkpoints.last_every", "100",
+                  "--trainer.limit_val_batches", "0", "--transitions.looks", "0")
+    logged = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/loss" in r]
+    assert logged == [4, 9, 14, 19] and chunked == [20], chunked
+    # each step's batch once, and Lightning's first (fetched before the fit decides on chunks)
+    assert drawn == [0, *range(20)], drawn
+
+
+def test_validation_values_reach_the_callbacks_and_the_progress_bar_as_logged(tmp_path, monkeypatch):
+    """Validation's values go to the loggers straight in a fit; `trainer.callback_metrics`
+    (EarlyStopping, a monitor) and `progress_bar_metrics` hold what was logged, as `self.log`
+    leaves them; `phasewatch validate` still reports them through Lightning."""
+    import lightning.pytorch as pl
+
+    from phasewatch.training import lightning_cli
+
+    seen: list[tuple] = []
+
+    class Watch(pl.Callback):
+        def on_validation_end(self, trainer, pl_module):
+            if trainer.state.fn == "fit":
+                seen.append((trainer.global_step, {k: float(v) for k, v in trainer.callback_metrics.items()},
+                             dict(trainer.progress_bar_metrics)))
+
+    original = lightning_cli.PhasewatchCLI.instantiate_trainer
+
+    def with_watch(self, **kwargs):
+        trainer = original(self, **kwargs)
+        trainer.callbacks.append(Watch())
+        return trainer
+
+    monkeypatch.setattr(lightning_cli.PhasewatchCLI, "instantiate_trainer", with_watch)
+    fit(tmp_path / "run", True, monkeypatch, "--probes.names", "[]", "--trainer.max_steps", "20")
+    rows = {r["step"]: r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "val/loss" in r}
+    assert [step for step, _, _ in seen] == sorted(rows) == [10, 20]
+    for step, metrics, bar in seen:
+        row = rows[step]
+        assert {k: metrics[k] for k in ("val/loss", "val/acc", "val/seq_acc")} == {k: row[k] for k in
+                                                                                   ("val/loss", "val/acc", "val/seq_acc")}
+        assert metrics["step"] == step and bar == {"val/loss": row["val/loss"], "val/acc": row["val/acc"]}
