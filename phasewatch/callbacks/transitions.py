@@ -362,7 +362,7 @@ class TransitionWatcher(pl.Callback):
         for stage in (s for s in self.stages if evident(s, series)):
             done = not any(m.get("under_way") for m in stage.members)
             said = self._said.get(stage.id)
-            if (said is None and not done and self._beginning(stage, series, step)
+            if (said is None and not done and self._beginning(stage, series, step) and not self._regrouped(stage, series)
                     and not any(s.id != stage.id and one_activity(s, stage, series) for s in told)):
                 news.append(("begins", stage))
                 self._said[stage.id], self._said_as[stage.id] = "begins", stage
@@ -397,6 +397,22 @@ class TransitionWatcher(pl.Callback):
             steps = np.asarray(series.get(m["metric"], ((), ()))[0], dtype=float)
             return step < self.settle * m["end"] or int(np.sum(steps > m["end"])) < self.points_after
         return any(m.get("under_way") and going(m) for m in stage.members)
+
+    def _regrouped(self, stage: Stage, series: dict) -> bool:
+        """The stage holds a confirmed transition that a stage said to begin and not yet
+        confirmed held when last seen (the same change: series, direction, `_refit`): that
+        change's beginning was said with that stage, and a look that groups it with other
+        changes has made no new stage begin (the quickstart, seed 0: the test loss's confirmed
+        falls from step 530 on, members of the stage said to begin at step 325, grouped apart
+        at step 2,925 with the fall still under way: "stage 10 begins at step 530"). Said once,
+        confirmed."""
+        told = [m for k, said in self._said.items() if said == "begins" and k != stage.id
+                for s in (self._begun.get(k), self._said_as.get(k)) if s is not None for m in s.members
+                if m.get("kind", "transition") == "transition" and not m.get("under_way")]
+        return any(m.get("kind", "transition") == "transition" and not m.get("under_way")
+                   and any(m["series"] == o["series"] and m["direction"] == o["direction"]
+                           and _refit(m, o, series.get(m["series"], ((), ()))[0]) for o in told)
+                   for m in stage.members)
 
     def _heir(self, series: dict) -> None:
         """A stage not yet said that holds a change a stage said to begin held (a member of the

@@ -239,3 +239,24 @@ def test_a_stage_holding_what_a_stage_said_to_begin_held_is_confirmed_under_its_
     done = beside + [change("val/loss", 40, 70, 130), change("grok/gini_embed", 42, 72, 132, "up")]
     assert [n[:2] for n in look(w, 200, done, [], PLAIN)] == [("confirmed", 1)]
     assert [n[:2] for n in look(w, 1000, done, [], PLAIN, final=True)] == []
+
+
+def test_a_said_stages_confirmed_change_grouped_apart_makes_no_stage_begin():
+    """Stage 1 is said to begin (the test loss falling, the embeddings' Gini rising); the test
+    loss's fall is confirmed, a member of stage 1 as last seen. A later look groups that fall
+    apart with a new change under way (the key-logit fraction) while stage 1 keeps the others:
+    the new group's beginning is the test loss's, said with stage 1 ("stage 2 begins at step
+    100, led by val/loss" on 4b32490; the quickstart, seed 0: "stage 10 begins at step 530",
+    said at step 2,925), so it is said once, confirmed (`_regrouped`)."""
+    w = TransitionWatcher()
+    said = [change("val/loss", 100, 200, 300, under_way=True), change("grok/gini_embed", 110, 120, 130, "up", under_way=True)]
+    assert [n[:2] for n in look(w, 140, [], said, PLAIN)] == [("begins", 1)]
+    fall = [change("val/loss", 100, 200, 300)]
+    assert look(w, 330, fall, [change("grok/gini_embed", 110, 125, 140, "up", under_way=True)], PLAIN) == []
+    later = [change("grok/gini_embed", 110, 120, 130, "up", under_way=True), change("train/loss", 110, 120, 130, under_way=True),
+             change("grok/key_logit_fraction", 250, 280, 340, "up", under_way=True)]
+    assert look(w, 335, fall, later, PLAIN) == []
+    assert [(s.id, sorted(m["series"] for m in s.members)) for s in w.stages] == [
+        (1, ["grok/gini_embed", "train/loss"]), (2, ["grok/key_logit_fraction", "val/loss"])]
+    done = fall + [change("grok/key_logit_fraction", 250, 280, 340, "up")]
+    assert [n[:2] for n in look(w, 500, done, later[:2], PLAIN)] == [("confirmed", 2)]
