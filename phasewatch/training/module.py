@@ -7,9 +7,10 @@ of sequences with every answer token right). A task that names a second validati
 (`Task.val_groups`, e.g. RASP's lengths beyond those trained on) gets the same three
 under its own prefix (`val_longer/acc`, ...).
 
-Steps between which nothing is due (logging, validation, a callback's hook) run several to a
-Lightning step (`TrainModule.chunked`): the same arithmetic, bit for bit on the CPU, with
-Lightning's per-step work paid once per chunk (bench/README.md, fit_speed).
+Steps between which nothing is due (validation, a callback's hook) run several to a Lightning
+step (`TrainModule.chunked`), a logging step's values handed to the loggers inside the chunk: the
+same arithmetic and the same metrics, bit for bit on the CPU, with Lightning's per-step work paid
+once per chunk (bench/README.md, fit_speed).
 """
 
 from __future__ import annotations
@@ -234,9 +235,9 @@ class TrainModule(pl.LightningModule):
     def on_train_start(self) -> None:
         self._fit_plan = None  # decided afresh for this fit
         chunked = self._chunkable(self.trainer)
-        self._fit_plan = FitPlan.of(self.trainer, chunked, self.fit_loop_steps() if chunked else None)
+        self._fit_plan = FitPlan.of(self.trainer, chunked, self._loop_steps() if chunked else None)
 
-    def fit_loop_steps(self):
+    def _loop_steps(self):
         """Lightning's count of optimizer steps in chunks (manual optimisation): `global_step`."""
         return self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
 
@@ -274,8 +275,10 @@ class TrainModule(pl.LightningModule):
         backward, the optimizer's and the scheduler's step; no update where the loss is not
         finite; on an accelerator the fused AdamW skips it on the device, `_checked_on_device`),
         on the batch of its step, without Lightning's hooks around each (no callback that
-        `chunked` allows has any). Lightning's own batch is not used: after a chunk its stream's
-        position is no longer the step. Lightning's counters count each step."""
+        `chunked` allows has any). A logging step's values go to the loggers where the step ends
+        (`_hand_over`), as Lightning's `on_train_batch_end` would hand them over with nothing else
+        due there. Lightning's own batch is not used (nor drawn: `StepStream`): after a chunk its
+        stream's position is no longer the step. Lightning's counters count each step."""
         optimizer, sched = self.optimizers().optimizer, self.lr_schedulers()
         plan = self._fit_plan
         loop = plan.trainer.fit_loop.epoch_loop
