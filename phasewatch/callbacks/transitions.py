@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -221,7 +221,6 @@ class TransitionWatcher(pl.Callback):
         self._said: dict[int, str] = {}  # stage id -> what was said of it: "begins" or "confirmed"
         self._begun: dict[int, Stage] = {}  # stage id -> the stage as last seen while said to begin
         self._said_as: dict[int, Stage] = {}  # stage id -> the stage as it was said to begin
-        self.took: dict[int, list[int]] = {}  # a confirmed stage's id -> the stages said to begin it took up
 
     # --- when ---------------------------------------------------------------------
 
@@ -324,7 +323,7 @@ class TransitionWatcher(pl.Callback):
         news = self.stage_news(series, step, final)
         self._rest = _points(series) if not news and _outline(self.stages) == before else None
         for what, stage in news:
-            say(trainer, _stage_line(trainer, step, what, stage, series, self.took.get(stage.id, ()) if what == "confirmed" else ()))
+            say(trainer, _stage_line(trainer, step, what, stage, series))
             for logger in trainer.loggers:  # W&B: the stages table and an alert per confirmed stage
                 if hasattr(logger, "log_stage"):
                     logger.log_stage(what, stage)
@@ -340,11 +339,10 @@ class TransitionWatcher(pl.Callback):
         is new to say of them: ("begins", stage) when a stage is first seen, unless it is one
         activity with a stage already said (`one_activity`: no news; it is said once confirmed),
         ("confirmed", stage) once every member is a confirmed transition, each only once the
-        stage is `evident`, with the stages said to begin that it takes up (`took`: with no news
-        of their own to come, `_over`, sharing a moved series with it over its span, `_taken_by`;
-        its line says so, and they are not withdrawn);
+        stage is `evident`;
         ("withdrawn", stage) at the end for a stage said to begin that was not confirmed and
-        that no confirmed stage took up (nothing is said of one taken up). A stage said confirmed keeps its members, name and id, and more
+        that no confirmed stage took up (one sharing a moved series with it over its span, as it
+        was said or as last seen, takes it up: nothing is said). A stage said confirmed keeps its members, name and id, and more
         of its changes join it unsaid (`detect_stages`' `keep`); what "begins" claims:
         `_stage_line`."""
         confirmed = [e for e in self.reported if e.get("stage") == "confirmed"]
@@ -368,37 +366,22 @@ class TransitionWatcher(pl.Callback):
                     and not any(s.id != stage.id and one_activity(s, stage, series) for s in told)):
                 news.append(("begins", stage))
                 self._said[stage.id], self._said_as[stage.id] = "begins", stage
-            elif said not in ("confirmed", "joined") and done:  # one taken up was said to be part of another
+            elif said != "confirmed" and done:
                 news.append(("confirmed", stage))
                 self._said[stage.id] = "confirmed"
-                self.took[stage.id] = [k for k, was in self._said.items() if was == "begins" and self._over(k, series)
-                                       and self._taken_by(k, stage)]
-                self._said.update({k: "joined" for k in self.took[stage.id]})
         if final:
             confirmed = [s for s in self.stages if self._said.get(s.id) == "confirmed"]
             for stage_id, said in list(self._said.items()):
                 if said != "begins":
                     continue
-                taken = any(self._taken_by(stage_id, s) for s in confirmed)
+                seen = [self._said_as.get(stage_id), self._begun.get(stage_id),
+                        next((s for s in self.stages if s.id == stage_id), None)]  # as said, as last seen
+                taken = any(s.moved & begun.moved and s.onset <= begun.end and begun.onset <= s.end
+                            for begun in seen if begun is not None for s in confirmed)
                 if not taken:
                     news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
                 self._said[stage_id] = "joined" if taken else "withdrawn"
         return news
-
-    def _over(self, stage_id: int, series: dict) -> bool:
-        """Whether a stage said to begin can have no news of its own now: it is gone from the
-        look's stages, or its changes are all confirmed transitions and it is not `evident` (its
-        name "so far" was not met by the whole changes, and it has no headline series' move to
-        say: never to be confirmed)."""
-        stage = next((s for s in self.stages if s.id == stage_id), None)
-        return stage is None or (not any(m.get("under_way") for m in stage.members) and not evident(stage, series))
-
-    def _taken_by(self, stage_id: int, stage: Stage) -> bool:
-        """Whether `stage` takes up the stage said to begin as `stage_id`: it shares a moved series
-        with it over its span, as it was said or as last seen."""
-        seen = [self._said_as.get(stage_id), self._begun.get(stage_id), next((s for s in self.stages if s.id == stage_id), None)]
-        return any(stage.moved & begun.moved and stage.onset <= begun.end and begun.onset <= stage.end
-                   for begun in seen if begun is not None)
 
     def _beginning(self, stage: Stage, series: dict, step: int) -> bool:
         """A member of the stage is a change still going on at `step` by the watcher's own
@@ -692,14 +675,11 @@ def stage_levels(stage: Stage, series: dict) -> list[str]:
     return out
 
 
-def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage, series: dict | None = None,
-                took: Sequence[int] = ()) -> str:
+def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage, series: dict | None = None) -> str:
     """The console line of a stage's news (`TransitionWatcher.stage_news`). "begins" claims the
     lead (the series that moved first so far) and a name only where the members so far already
     match its signature ("so far": more members may come); not the other members, which the
-    confirmation lists, with the levels of its headline series (`stage_levels`, given `series`)
-    and the stages said to begin that it took up (`took`: what was said of them, a name "so far"
-    included, is corrected by this line)."""
+    confirmation lists, with the levels of its headline series (`stage_levels`, given `series`)."""
     at = f"{trainer.member} step {step}" if getattr(trainer, "member", None) else f"step {step}"
     if what == "begins":
         name = f" ({stage.name} so far)" if stage.name else ""
@@ -707,9 +687,7 @@ def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage, series:
     if what == "withdrawn":
         return f"phasewatch: {at}: stage {stage.id} was said to begin but training ended before it was confirmed"
     levels = stage_levels(stage, series) if series is not None else []
-    parts = ", ".join(f"stage {k}" for k in took)
-    return (f"phasewatch: {at}: confirmed {stage.summary()}" + (f"; {', '.join(levels)}" if levels else "")
-            + (f"; {parts}, said to begin, {'is' if len(took) == 1 else 'are'} part of it" if took else ""))
+    return f"phasewatch: {at}: confirmed {stage.summary()}" + (f"; {', '.join(levels)}" if levels else "")
 
 
 def dense_now(trainer: pl.Trainer) -> bool:

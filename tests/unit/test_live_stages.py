@@ -29,9 +29,7 @@ def look(watcher, step, confirmed, under_way, series=SERIES, final=False):
     watcher._fits_under_way = {}
     for e in under_way:
         watcher._fits_under_way.setdefault(e["metric"], []).append(e)
-    return [(what, stage.id, stage.name, _stage_line(Trainer(), step, what, stage, None,
-                                                     watcher.took.get(stage.id, ()) if what == "confirmed" else ()),
-             sorted(m["series"] for m in stage.members))
+    return [(what, stage.id, stage.name, _stage_line(Trainer(), step, what, stage), sorted(m["series"] for m in stage.members))
             for what, stage in watcher.stage_news(series, step, final)]
 
 
@@ -262,26 +260,3 @@ def test_a_said_stages_confirmed_change_grouped_apart_makes_no_stage_begin():
         (1, ["grok/gini_embed", "train/loss"]), (2, ["grok/key_logit_fraction", "val/loss"])]
     done = fall + [change("grok/key_logit_fraction", 250, 280, 340, "up")]
     assert [n[:2] for n in look(w, 500, done, later[:2], PLAIN)] == [("confirmed", 2)]
-
-
-def test_a_stage_said_to_begin_that_a_confirmed_stage_takes_up_is_said_to_be_part_of_it():
-    """Stage 1 is said to begin (the test loss falling, the embeddings' Gini rising, under way);
-    its changes are confirmed small (no headline series' move worth saying: not `evident`, so it
-    can never be confirmed itself), and a stage confirmed next to it holds the Gini's further
-    rise over an overlapping span. What was said of stage 1 is corrected in that stage's line,
-    once, and nothing is withdrawn at the end (the quickstart, seed 0: "stage 2 (circuit
-    formation so far) begins at step 6", said at step 25, never confirmed nor corrected; its
-    changes, the Gini coefficients' first rise, are memorisation's start)."""
-    w = TransitionWatcher()
-    said = look(w, 100, [], [change("val/loss", 40, 150, 400, under_way=True),
-                             change("grok/gini_embed", 42, 150, 400, "up", under_way=True)], PLAIN)
-    assert [n[:2] for n in said] == [("begins", 1)]
-    first = [change("val/loss", 40, 50, 60), change("grok/gini_embed", 42, 52, 62, "up")]
-    second = [change("val/loss", 110, 150, 200), change("grok/key_logit_fraction", 115, 150, 195, "up"),
-              change("grok/gini_embed", 110, 150, 200, "up"), change("train/loss", 60, 150, 250)]
-    (confirmed,) = look(w, 400, first + second, [], PLAIN)
-    assert confirmed[:2] == ("confirmed", 2)
-    assert confirmed[3].endswith("; stage 1, said to begin, is part of it")
-    assert [(s.id, w._said[s.id]) for s in w.stages] == [(1, "joined"), (2, "confirmed")]
-    assert look(w, 450, first + second, [], PLAIN) == []  # said once
-    assert look(w, 1000, first + second, [], PLAIN, final=True) == []  # not withdrawn
