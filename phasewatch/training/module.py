@@ -99,9 +99,10 @@ class TaskDataModule(pl.LightningDataModule):
 
     def _batches_unused(self) -> bool:
         """Whether the module runs its steps in chunks (`TrainModule.chunked`), which draw each
-        step's batch themselves: Lightning's own is not read."""
+        step's batch themselves: Lightning's own is not read. Only a plan of this trainer's fit
+        counts: one left by a fit that raised (no `on_train_end`) is not this fit's."""
         plan = getattr(self.trainer.lightning_module, "_fit_plan", None) if self.trainer is not None else None
-        return plan is not None and plan.chunked
+        return plan is not None and plan.trainer is self.trainer and plan.chunked
 
     def pins(self) -> bool:
         """Whether training batches are pinned in host memory (copied to the GPU without

@@ -203,3 +203,47 @@ def test_validation_values_reach_the_callbacks_and_the_progress_bar_as_logged(tm
         assert {k: metrics[k] for k in ("val/loss", "val/acc", "val/seq_acc")} == {k: row[k] for k in
                                                                                    ("val/loss", "val/acc", "val/seq_acc")}
         assert metrics["step"] == step and bar == {"val/loss": row["val/loss"], "val/acc": row["val/acc"]}
+
+
+def test_a_module_fitted_again_after_a_chunked_fit_raised_gets_real_batches():
+    """A chunked fit that raises leaves its plan behind (no `on_train_end`); the same module
+    fitted again by another trainer, not chunkable (gradient clipping), must be handed Lightning's
+    batches, not the empty stand-in chunks use (review, session 20: the second fit failed on a
+    batch of 0 tokens)."""
+    import warnings
+
+    import lightning.pytorch as pl
+
+    from phasewatch.training.lightning_cli import instantiate_config
+
+    warnings.filterwarnings("ignore")
+    config = {"seed_everything": 0,
+              "model": {"arch": {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_head": 8, "d_mlp": 32, "attn_only": False},
+                        "lr": 0.001},
+              "data": {"task": {"class_path": "phasewatch.tasks.Induction",
+                                "init_args": {"vocab_size": 10, "seq_len": 13, "max_len": 6, "batch_size": 8, "n_val": 16}}}}
+    run = instantiate_config(config, "inline")
+    model, data = run.model, run.datamodule
+
+    class Boom(pl.Callback):
+        def due_at(self, step, dense=False):
+            return step == 5
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step >= 5:
+                raise RuntimeError("boom")
+
+    kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+              check_val_every_n_epoch=None, val_check_interval=10, limit_val_batches=0, num_sanity_val_steps=0)
+    with pytest.raises(RuntimeError, match="boom"):
+        pl.Trainer(max_steps=20, callbacks=[Boom()], **kw).fit(model, data)
+    assert model._fit_plan is not None and model._fit_plan.chunked  # left behind
+
+    seen = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(tuple(batch.tokens.shape))
+
+    pl.Trainer(max_steps=3, gradient_clip_val=1.0, callbacks=[Spy()], **kw).fit(model, data)
+    assert seen == [(8, 12)] * 3
