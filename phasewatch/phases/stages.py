@@ -60,7 +60,9 @@ class Signature:
     "KEY <= LEVEL" (KEY a regular expression matched in full), is a level the run is at when the
     stage ends: every logged series matching KEY, read at the stage's end (`reached`), must be at
     or past LEVEL (a phase defined by what the model has come to do, e.g. memorisation: the
-    training set fitted). A signature names at most one stage of a
+    training set fitted). Each `crosses` entry, written as `reaches`', is a level the run passes in
+    the stage: past it at the stage's end and not yet at its onset (e.g. induction heads forming:
+    the best head's induction score passing the threshold). A signature names at most one stage of a
     run; signatures declaring the same `sequence` name stages in their declared order
     (`assign_names`).
     """
@@ -75,6 +77,7 @@ class Signature:
     steady: tuple[tuple[str, str], ...] = ()
     during: tuple[str, ...] = ()
     reaches: tuple[str, ...] = ()
+    crosses: tuple[str, ...] = ()
 
     def __post_init__(self):
         for entry in self.moves + self.absent + self.during:
@@ -85,7 +88,7 @@ class Signature:
                 re.compile(parts[0])
         for pattern, _ in self.outpaces + self.steady:
             re.compile(pattern)
-        for entry in self.reaches:
+        for entry in self.reaches + self.crosses:
             parts = entry.split()
             if len(parts) != 3 or parts[1] not in (">=", "<="):
                 raise ValueError(f"signature {self.name!r}: {entry!r} is not 'KEY >=|<= LEVEL'")
@@ -134,18 +137,22 @@ class Signature:
         return (all(self._has(e, moved | spanned) for e in self.moves)
                 and not any(self._has(e, moved if vetoing is None else vetoing) for e in self.absent))
 
-    def reached(self, series: dict, end: float) -> bool:
-        """Whether every series matching a `reaches` entry's KEY is at or past its LEVEL at step
-        `end` (the stage's end; interpolated in log-step between logged steps, the last logged
-        value after the series' last step: live, the level so far). A series not logged (no two
-        finite points) passes: the level is not known."""
-        for pattern, op, level in (entry.split() for entry in self.reaches):
+    def reached(self, series: dict, end: float, onset: float | None = None) -> bool:
+        """Whether every series matching a `reaches` or `crosses` entry's KEY is at or past its
+        LEVEL at step `end` (the stage's end; interpolated in log-step between logged steps, the
+        last logged value after the series' last step: live, the level so far), and, for
+        `crosses`, not yet at step `onset` (the stage's onset; not tested without one). A series
+        not logged (no two finite points) passes: the level is not known."""
+        def past(points, step: float, op: str, level: str) -> bool:
+            value = _value_at(*points, step)
+            return value >= float(level) if op == ">=" else value <= float(level)
+        entries = [(e, False) for e in self.reaches] + [(e, True) for e in self.crosses]
+        for (pattern, op, level), crossing in ((entry.split(), crossing) for entry, crossing in entries):
             for key in (k for k in series if re.fullmatch(pattern, k)):
                 points = _points(series[key])
                 if points is None:
                     continue
-                value = _value_at(*points, end)
-                if not (value >= float(level) if op == ">=" else value <= float(level)):
+                if not past(points, end, op, level) or (crossing and onset is not None and past(points, onset, op, level)):
                     return False
         return True
 
@@ -504,7 +511,7 @@ def _evidence(signature: Signature, members: list[dict], others: Iterable[list[d
     counting = [m for m in members if signature.counts(m, series)]
     moved = {(m["metric"], m["direction"]) for m in counting}
     vetoing = {(m["metric"], m["direction"]) for m in counting if id(m) not in unsettled}
-    return moved, signature.spanned(series, *span, elsewhere), vetoing, signature.reached(series, span[1])
+    return moved, signature.spanned(series, *span, elsewhere), vetoing, signature.reached(series, span[1], span[0])
 
 
 def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: dict,

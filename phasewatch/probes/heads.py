@@ -203,7 +203,7 @@ KEYS = KeyFamilies(
     stages=(Signature("induction heads form",
                       moves=("heads/induction/count up | heads/induction/max up",
                              "icl/loss_gap down | icl/second_copy_loss down"),
-                      reaches=(f"heads/induction/max >= {THRESHOLDS['induction']}",),
+                      crosses=(f"heads/induction/max >= {THRESHOLDS['induction']}",),
                       source="Olsson et al. 2022, sec. 3 (argument 1): induction heads form (heads pass the induction "
                              "score's threshold) as in-context learning improves, in one phase change"),),
 )

@@ -205,10 +205,11 @@ def test_the_declared_signatures_name_the_grokking_phases_in_order():
     # the score rising with no head passing the threshold (a 1-layer model: the best head's score
     # ends at 0.2) is no induction stage; the same rise to 0.7 is, whether or not the count of heads
     # past the threshold (a step function of the scores, lagging the best head's) moved in the same
-    # stage (induction_tiny seed 8, session 20: the count's rise grouped apart, neither named)
+    # stage (induction_tiny seed 8, session 20: the count's rise grouped apart, neither named); a
+    # later rise of a score already past the threshold (0.5 -> 0.6: the heads formed before) is not
     steps, rise = step_series(345, "up")
-    for top, name in [(0.2, None), (0.7, "induction heads form")]:
-        levels = {"heads/induction/max": (steps, 0.05 + (top - 0.05) * rise)}
+    for start, top, name in [(0.05, 0.2, None), (0.05, 0.7, "induction heads form"), (0.5, 0.6, None)]:
+        levels = {"heads/induction/max": (steps, start + (top - start) * rise)}
         assert [s.name for s in detect_stages(induction[1:], levels, stage_rules())] == [name]
 
 
