@@ -127,11 +127,11 @@ def write_population_report(root: str | Path, out: str | Path | None = None) -> 
             f"<td>{stats[s][c]:.0f}</td>" if stats.get(s, {}).get(c) is not None else "<td></td>" for s in STATISTICS)
         + "</tr>" for c in transitions)
     # each member's seed as the table read it from its config (it differs between members), else read here
-    runs = [r for r in rows if r["run"] not in STATISTICS]
-    seeds = [r.get("seed_everything", _MISSING) for r in runs] if len(runs) == len(members) else [_MISSING] * len(members)
+    # (compare_runs gives the runs' rows first, in order; a member without a config has None there)
+    seeds = [r.get("seed_everything", _MISSING) for r in rows[:len(members)]]
     links = "".join(
         f'<li><a href="{html.escape(_link(m.report.relative_to(root)))}">{html.escape(m.root.name)}</a>'
-        f" (seed {html.escape(str(_seed(m) if seed is _MISSING else seed))})</li>"
+        f" (seed {html.escape(str(_seed(m) if seed in (_MISSING, None) else seed))})</li>"
         for m, seed in zip(members, seeds))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8">{policy()}<title>{html.escape(root.name)}: population of {len(members)}</title>
