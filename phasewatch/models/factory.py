@@ -221,7 +221,7 @@ def tree_copy(x: Any) -> Any:
     or reduce protocol is rebuilt from its `__reduce_ex__(4)` as deepcopy's `_reconstruct` does;
     every other object (tensors, bound methods, classes with their own `__deepcopy__`,
     `__reduce__` or copyreg entry) goes to `copy.deepcopy` with the same memo. A member's bridge
-    copied in about 40% of deepcopy's time (bench/README.md, population, session 20)."""
+    copied in about 55% of deepcopy's time (bench/README.md, population, session 20)."""
     return _copy(x, {})
 
 
@@ -280,7 +280,8 @@ def _reconstruct(x: Any, memo: dict, func, args, state=None, listiter=None, dict
     for item in listiter or ():
         y.append(_copy(item, memo))
     for key, value in dictiter or ():
-        y[_copy(key, memo)] = _copy(value, memo)
+        key = _copy(key, memo)  # the key first, as copy's _reconstruct
+        y[key] = _copy(value, memo)
     return y
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import functools
 import weakref
-from collections import OrderedDict, defaultdict
+from collections import deque, OrderedDict, defaultdict
 
 import pytest
 import torch
@@ -109,6 +109,19 @@ class Items(dict):
     pass
 
 
+class Pairs:
+    """An object whose reduce hands its state over as dict items (copy's `dictiter`)."""
+
+    def __init__(self, **items):
+        self.items = dict(items)
+
+    def __reduce__(self):
+        return Pairs, (), None, None, iter(self.items.items())
+
+    def __setitem__(self, key, value):
+        self.items[key] = value
+
+
 def test_objects_tree_copied_as_deepcopy_copies_them():
     shared = [1, 2]
     attributed = OrderedDict(a=shared)
@@ -126,7 +139,7 @@ def test_objects_tree_copied_as_deepcopy_copies_them():
         "frozen": frozenset({1, 2}), "partial": functools.partial(max, shared), "function": tree_copy,
         "class": Plain, "tensor": torch.arange(3.0), "leaf": torch.zeros(2, requires_grad=True), "parameter": torch.nn.Parameter(torch.ones(2)),
         "module": torch.nn.Linear(2, 3), "device": torch.device("cpu"), "dtype": torch.float64,
-        "method": inner.method,
+        "method": inner.method, "deque": deque([shared, (shared,)], maxlen=5), "pairs": Pairs(a=shared, b=[shared]),
     }
     things["views"] = (things["tensor"], things["tensor"][1:])
     ours, theirs = tree_copy(things), copy.deepcopy(things)
@@ -135,4 +148,6 @@ def test_objects_tree_copied_as_deepcopy_copies_them():
     assert ours["plain"].a is ours["shared"] and ours["plain"].d[3][0] is ours["plain"].d[3][1]
     assert ours["own copy"].copies == 1 and ours["attributed ordered"].note == "kept"
     assert ours["tuple of atoms"] is things["tuple of atoms"] and ours["function"] is tree_copy
+    assert ours["deque"][0] is ours["shared"] and ours["deque"].maxlen == 5  # copy's listiter
+    assert ours["pairs"].items["a"] is ours["shared"] and ours["pairs"].items["b"][0] is ours["shared"]  # dictiter
     assert ours["views"][1]._base is ours["views"][0] or ours["views"][1]._base is None
