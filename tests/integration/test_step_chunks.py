@@ -247,3 +247,21 @@ def test_a_module_fitted_again_after_a_chunked_fit_raised_gets_real_batches():
 
     pl.Trainer(max_steps=3, gradient_clip_val=1.0, callbacks=[Spy()], **kw).fit(model, data)
     assert seen == [(8, 12)] * 3
+
+
+@pytest.mark.parametrize("extra", [[], ["--transitions.logs_per_doubling", "16"]], ids=["plain", "early"])
+def test_chunks_ended_by_the_progress_bars_clock_train_as_one_step_at_a_time(tmp_path, monkeypatch, extra):
+    """With a progress bar, a chunk also ends after `BAR_SECONDS` (so that the bar moves on): chunk
+    ends set by the clock, not the schedules, change nothing (metrics.jsonl, checkpoints, events),
+    with the watcher logging early too (review, session 20)."""
+    from phasewatch.training import module
+
+    monkeypatch.setattr(module, "BAR_SECONDS", 0.01)
+    bar = ["--trainer.enable_progress_bar", "true"]
+    plain = fit(tmp_path / "plain", False, monkeypatch, *bar, *extra)
+    chunked = fit(tmp_path / "chunked", True, monkeypatch, *bar, *extra)
+    assert plain == [1] * STEPS and sum(chunked) == STEPS
+    for name in ("metrics.jsonl", "events.jsonl"):
+        text = (tmp_path / "plain" / name).read_text() if (tmp_path / "plain" / name).exists() else None
+        assert (tmp_path / "chunked" / name).read_text() == text if text is not None else not (tmp_path / "chunked" / name).exists()
+    assert checkpoints(tmp_path / "chunked") == checkpoints(tmp_path / "plain")
