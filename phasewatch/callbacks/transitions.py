@@ -405,14 +405,15 @@ class TransitionWatcher(pl.Callback):
         changes has made no new stage begin (the quickstart, seed 0: the test loss's confirmed
         falls from step 530 on, members of the stage said to begin at step 325, grouped apart
         at step 2,925 with the fall still under way: "stage 10 begins at step 530"). Said once,
-        confirmed."""
+        confirmed. Only where that change leads the stage (the earliest onset: what its "begins"
+        line would say): a stage led by a change not said before begins, whatever it holds."""
         told = [m for k, said in self._said.items() if said == "begins" and k != stage.id
                 for s in (self._begun.get(k), self._said_as.get(k)) if s is not None for m in s.members
                 if m.get("kind", "transition") == "transition" and not m.get("under_way")]
-        return any(m.get("kind", "transition") == "transition" and not m.get("under_way")
-                   and any(m["series"] == o["series"] and m["direction"] == o["direction"]
-                           and _refit(m, o, series.get(m["series"], ((), ()))[0]) for o in told)
-                   for m in stage.members)
+        lead = min(stage.members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]), default=None)
+        return (lead is not None and lead.get("kind", "transition") == "transition" and not lead.get("under_way")
+                and any(lead["series"] == o["series"] and lead["direction"] == o["direction"]
+                        and _refit(lead, o, series.get(lead["series"], ((), ()))[0]) for o in told))
 
     def _heir(self, series: dict) -> None:
         """A stage not yet said that holds a change a stage said to begin held (a member of the

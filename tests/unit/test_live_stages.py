@@ -260,3 +260,20 @@ def test_a_said_stages_confirmed_change_grouped_apart_makes_no_stage_begin():
         (1, ["grok/gini_embed", "train/loss"]), (2, ["grok/key_logit_fraction", "val/loss"])]
     done = fall + [change("grok/key_logit_fraction", 250, 280, 340, "up")]
     assert [n[:2] for n in look(w, 500, done, later[:2], PLAIN)] == [("confirmed", 2)]
+
+
+def test_a_regrouped_change_led_by_a_change_never_said_is_a_stage_beginning():
+    """As above, but the look groups the said stage's confirmed fall with a change under way that
+    began earlier (the training accuracy rising from step 95) and the key-logit fraction: the
+    stage's beginning is the accuracy's, never said, so it is said to begin (review, session 20:
+    the regrouping rule kept silent whatever led the stage)."""
+    w = TransitionWatcher()
+    said = [change("val/loss", 100, 200, 300, under_way=True), change("grok/gini_embed", 110, 120, 130, "up", under_way=True)]
+    assert [n[:2] for n in look(w, 140, [], said, PLAIN)] == [("begins", 1)]
+    fall = [change("val/loss", 100, 200, 300)]
+    assert look(w, 330, fall, [change("grok/gini_embed", 110, 125, 140, "up", under_way=True)], PLAIN) == []
+    later = [change("grok/gini_embed", 110, 120, 130, "up", under_way=True), change("train/loss", 110, 120, 130, under_way=True),
+             change("train/acc", 95, 230, 340, "up", under_way=True),
+             change("grok/key_logit_fraction", 250, 280, 340, "up", under_way=True)]
+    (news,) = look(w, 335, fall, later, PLAIN)
+    assert news[0] == "begins" and news[3].endswith("begins at step 95, led by train/acc")
