@@ -241,6 +241,17 @@ def test_a_stage_holding_what_a_stage_said_to_begin_held_is_confirmed_under_its_
     assert [n[:2] for n in look(w, 1000, done, [], PLAIN, final=True)] == []
 
 
+def _said_then_fallen():
+    """A watcher that said stage 1 begins (the test loss falling, the embeddings' Gini rising)
+    and then confirmed the test loss's fall, a member of stage 1 as last seen; and that fall."""
+    w = TransitionWatcher()
+    said = [change("val/loss", 100, 200, 300, under_way=True), change("grok/gini_embed", 110, 120, 130, "up", under_way=True)]
+    assert [n[:2] for n in look(w, 140, [], said, PLAIN)] == [("begins", 1)]
+    fall = [change("val/loss", 100, 200, 300)]
+    assert look(w, 330, fall, [change("grok/gini_embed", 110, 125, 140, "up", under_way=True)], PLAIN) == []
+    return w, fall
+
+
 def test_a_said_stages_confirmed_change_grouped_apart_makes_no_stage_begin():
     """Stage 1 is said to begin (the test loss falling, the embeddings' Gini rising); the test
     loss's fall is confirmed, a member of stage 1 as last seen. A later look groups that fall
@@ -248,11 +259,7 @@ def test_a_said_stages_confirmed_change_grouped_apart_makes_no_stage_begin():
     the new group's beginning is the test loss's, said with stage 1 ("stage 2 begins at step
     100, led by val/loss" on 4b32490; the quickstart, seed 0: "stage 10 begins at step 530",
     said at step 2,925), so it is said once, confirmed (`_regrouped`)."""
-    w = TransitionWatcher()
-    said = [change("val/loss", 100, 200, 300, under_way=True), change("grok/gini_embed", 110, 120, 130, "up", under_way=True)]
-    assert [n[:2] for n in look(w, 140, [], said, PLAIN)] == [("begins", 1)]
-    fall = [change("val/loss", 100, 200, 300)]
-    assert look(w, 330, fall, [change("grok/gini_embed", 110, 125, 140, "up", under_way=True)], PLAIN) == []
+    w, fall = _said_then_fallen()
     later = [change("grok/gini_embed", 110, 120, 130, "up", under_way=True), change("train/loss", 110, 120, 130, under_way=True),
              change("grok/key_logit_fraction", 250, 280, 340, "up", under_way=True)]
     assert look(w, 335, fall, later, PLAIN) == []
@@ -267,11 +274,7 @@ def test_a_regrouped_change_led_by_a_change_never_said_is_a_stage_beginning():
     began earlier (the training accuracy rising from step 95) and the key-logit fraction: the
     stage's beginning is the accuracy's, never said, so it is said to begin (review, session 20:
     the regrouping rule kept silent whatever led the stage)."""
-    w = TransitionWatcher()
-    said = [change("val/loss", 100, 200, 300, under_way=True), change("grok/gini_embed", 110, 120, 130, "up", under_way=True)]
-    assert [n[:2] for n in look(w, 140, [], said, PLAIN)] == [("begins", 1)]
-    fall = [change("val/loss", 100, 200, 300)]
-    assert look(w, 330, fall, [change("grok/gini_embed", 110, 125, 140, "up", under_way=True)], PLAIN) == []
+    w, fall = _said_then_fallen()
     later = [change("grok/gini_embed", 110, 120, 130, "up", under_way=True), change("train/loss", 110, 120, 130, under_way=True),
              change("train/acc", 95, 230, 340, "up", under_way=True),
              change("grok/key_logit_fraction", 250, 280, 340, "up", under_way=True)]
