@@ -31,7 +31,7 @@ from phasewatch.probes.keys import declared_scale, headline_keys, is_detail, sta
 from phasewatch.phases.detector import DECADE_CHANGE, DEPARTURE_Z, TOGETHER, departure, detect_transitions, together
 from phasewatch.phases.events import Event
 from phasewatch.phases.scale import LOG, watch_scale
-from phasewatch.phases.stages import Stage, detect_stages, one_activity, write_stages
+from phasewatch.phases.stages import Stage, detect_stages, lead_member, one_activity, write_stages
 from phasewatch.errors import require, require_int
 from phasewatch.rundir import is_number
 
@@ -105,6 +105,13 @@ def _continues(pending: dict, event: dict) -> bool:
     """`event` is the change of a pending onset, which has been under way from its onset to the
     last look that found it."""
     return _same({**pending, "end": pending.get("seen_at", pending["detected_at"])}, event)
+
+
+def _same_change(a: dict, b: dict, series: dict) -> bool:
+    """Two stage members are one change: the same series and direction, fitted twice (`_refit`
+    on the series' logged steps)."""
+    return (a["series"] == b["series"] and a["direction"] == b["direction"]
+            and _refit(a, b, series.get(a["series"], ((), ()))[0]))
 
 
 def _refit(a: dict, b: dict, steps) -> bool:
@@ -374,10 +381,9 @@ class TransitionWatcher(pl.Callback):
             for stage_id, said in list(self._said.items()):
                 if said != "begins":
                     continue
-                seen = [self._said_as.get(stage_id), self._begun.get(stage_id),
-                        next((s for s in self.stages if s.id == stage_id), None)]  # as said, as last seen
+                seen = [*self._as_said(stage_id), *(s for s in self.stages if s.id == stage_id)]
                 taken = any(s.moved & begun.moved and s.onset <= begun.end and begun.onset <= s.end
-                            for begun in seen if begun is not None for s in confirmed)
+                            for begun in seen for s in confirmed)
                 if not taken:
                     news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
                 self._said[stage_id] = "joined" if taken else "withdrawn"
@@ -407,13 +413,18 @@ class TransitionWatcher(pl.Callback):
         at step 2,925 with the fall still under way: "stage 10 begins at step 530"). Said once,
         confirmed. Only where that change leads the stage (the earliest onset: what its "begins"
         line would say): a stage led by a change not said before begins, whatever it holds."""
-        told = [m for k, said in self._said.items() if said == "begins" and k != stage.id
-                for s in (self._begun.get(k), self._said_as.get(k)) if s is not None for m in s.members
-                if m.get("kind", "transition") == "transition" and not m.get("under_way")]
-        lead = min(stage.members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]), default=None)
-        return (lead is not None and lead.get("kind", "transition") == "transition" and not lead.get("under_way")
-                and any(lead["series"] == o["series"] and lead["direction"] == o["direction"]
-                        and _refit(lead, o, series.get(lead["series"], ((), ()))[0]) for o in told))
+        if not stage.members:
+            return False
+        lead = lead_member(stage.members)
+        if lead.get("kind", "transition") != "transition" or lead.get("under_way"):
+            return False
+        return any(_same_change(lead, o, series) for k, said in self._said.items() if said == "begins" and k != stage.id
+                   for s in self._as_said(k) for o in s.members
+                   if o.get("kind", "transition") == "transition" and not o.get("under_way"))
+
+    def _as_said(self, stage_id: int) -> list[Stage]:
+        """A stage said to begin as it was said and as it was last seen among a look's stages."""
+        return [s for s in (self._said_as.get(stage_id), self._begun.get(stage_id)) if s is not None]
 
     def _heir(self, series: dict) -> None:
         """A stage not yet said that holds a change a stage said to begin held (a member of the
@@ -430,10 +441,8 @@ class TransitionWatcher(pl.Callback):
                 continue
             held = {}
             for k in gone:
-                seen = [m for s in (self._said_as.get(k), self._begun.get(k)) if s is not None for m in s.members]
-                common = sum(any(m["series"] == o["series"] and m["direction"] == o["direction"]
-                                 and _refit(m, o, series.get(m["series"], ((), ()))[0]) for o in seen)
-                             for m in stage.members)
+                seen = [m for s in self._as_said(k) for m in s.members]
+                common = sum(any(_same_change(m, o, series) for o in seen) for m in stage.members)
                 if common:
                     held[k] = common
             if held:

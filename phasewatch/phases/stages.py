@@ -146,8 +146,8 @@ class Signature:
         def past(points, step: float, op: str, level: str) -> bool:
             value = _value_at(*points, step)
             return value >= float(level) if op == ">=" else value <= float(level)
-        entries = [(e, False) for e in self.reaches] + [(e, True) for e in self.crosses]
-        for (pattern, op, level), crossing in ((entry.split(), crossing) for entry, crossing in entries):
+        for entry, crossing in [(e, False) for e in self.reaches] + [(e, True) for e in self.crosses]:
+            pattern, op, level = entry.split()
             for key in (k for k in series if re.fullmatch(pattern, k)):
                 points = _points(series[key])
                 if points is None:
@@ -545,7 +545,7 @@ def _one_phase(stages: list[Stage], rules: StageRules, keys: list[str], series: 
         named.onset, named.end, named.under_way_at_end = _span(named.members, series)
         named.midpoint = _midpoint(named.members, series)
         if not any(named is k for k in kept):
-            named.lead = min(named.members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))["series"]
+            named.lead = lead_member(named.members)["series"]
             named.type = stage_type(named.onset, named.end, series)
         stages = sorted((s for s in stages if s is not other), key=lambda s: (s.midpoint, s.onset))
 
@@ -610,6 +610,12 @@ def assign_names(stages: Sequence[list[dict]], rules: StageRules, keys: Iterable
         return memo[i, used, last]
 
     return list(best(0, frozenset(), (-1,) * len(sequences))[4])
+
+
+def lead_member(members: list[dict]) -> dict:
+    """The member that leads a stage: the earliest onset (then midpoint, then key); its series
+    is the stage's `lead`."""
+    return min(members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))
 
 
 def _midpoint(members: list[dict], series: dict) -> int:
@@ -786,7 +792,7 @@ def detect_stages(events: Iterable, series: dict, rules: StageRules | None = Non
         members = sorted(members, key=lambda m: (m["midpoint"], m["metric"]))
         for m in members:
             m["series"], m["size"] = m["metric"], _size(m, series)
-        lead = min(members, key=lambda m: (m["onset"], m["midpoint"], m["metric"]))
+        lead = lead_member(members)
         onset, end, open_end = _span(members, series)
         new.append(Stage(id=0, onset=onset, midpoint=_midpoint(members, series), end=end, members=members,
                          lead=lead["series"], type=stage_type(onset, end, series), under_way_at_end=open_end))

@@ -97,9 +97,6 @@ def _link(path: Path) -> str:
     return quote(path.as_posix())
 
 
-_MISSING = object()
-
-
 def _seed(member: RunFolder) -> Any:
     return (member.read_config() if member.config.exists() else {}).get("seed_everything", "?")
 
@@ -128,10 +125,10 @@ def write_population_report(root: str | Path, out: str | Path | None = None) -> 
         + "</tr>" for c in transitions)
     # each member's seed as the table read it from its config (it differs between members), else read here
     # (compare_runs gives the runs' rows first, in order; a member without a config has None there)
-    seeds = [r.get("seed_everything", _MISSING) for r in rows[:len(members)]]
+    seeds = [r.get("seed_everything") for r in rows[:len(members)]]
     links = "".join(
         f'<li><a href="{html.escape(_link(m.report.relative_to(root)))}">{html.escape(m.root.name)}</a>'
-        f" (seed {html.escape(str(_seed(m) if seed in (_MISSING, None) else seed))})</li>"
+        f" (seed {html.escape(str(_seed(m) if seed is None else seed))})</li>"
         for m, seed in zip(members, seeds))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8">{policy()}<title>{html.escape(root.name)}: population of {len(members)}</title>
