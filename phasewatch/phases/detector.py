@@ -116,7 +116,7 @@ def _prepare(steps: Sequence[float], values: Sequence[float], log_values) -> tup
 def _bin(t: np.ndarray, y: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Means of t and y in equal-width bins of t, and the number of points in each (empty bins dropped)."""
     edges = np.linspace(t[0], t[-1] + 1e-12, n_bins + 1)
-    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, n_bins - 1)
+    idx = np.minimum(np.maximum(np.searchsorted(edges, t, side="right") - 1, 0), n_bins - 1)  # = np.clip
     counts = np.bincount(idx, minlength=n_bins)
     ok = counts > 0
     tb = np.bincount(idx, weights=t, minlength=n_bins)[ok] / counts[ok]
@@ -146,19 +146,19 @@ def _outliers(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     outlier on a slope shifts its neighbours' medians). Returns the spikes, z and r."""
     n = len(y)
     spike, z, r = np.zeros(n, dtype=bool), np.zeros(n), np.zeros(n)
-    floor = max(_robust_scale(_point_residuals(t, y)[1]), NOISE_FLOOR * float(np.ptp(y)))
+    floor = max(_robust_scale(_point_residuals(t, y)[1]), NOISE_FLOOR * _ptp(y))
     while floor > 0 and (m := int((~spike).sum())) >= 7:
         idx = np.flatnonzero(~spike)
         ys = y[idx]
         around = _running_median(ys)
         rs = ys - around
         width = min(2 * SPIKE_AROUND + 1, m)
-        local = _median(np.abs(np.lib.stride_tricks.sliding_window_view(rs, width))) / 0.6745 / MEDIAN_RESIDUAL
-        scale = np.maximum(local[np.clip(np.arange(m) - width // 2, 0, len(local) - 1)], floor)
+        local = _median(np.abs(_windows(rs, width))) / 0.6745 / MEDIAN_RESIDUAL
+        scale = np.maximum(local[np.minimum(np.maximum(np.arange(m) - width // 2, 0), len(local) - 1)], floor)
         zs = rs / scale
         r[idx], z[idx] = rs, zs
         big = np.abs(zs) * (np.abs(zs) > SPIKE_Z)
-        first = (big > 0) & (big >= np.max(np.lib.stride_tricks.sliding_window_view(np.pad(big, 2), 5), axis=1))
+        first = (big > 0) & (big >= _MAX(_windows(np.concatenate((_TWO_ZEROS, big, _TWO_ZEROS)), 5), axis=1))
         if not first.any():
             break
         spike[idx[first]] = True
@@ -171,9 +171,29 @@ def _running_median(y: np.ndarray) -> np.ndarray:
     told from the start of a change): every value of a monotone stretch is its own median, an
     outlier is not."""
     out = y.astype(float).copy()
-    out[2:-2] = _median(np.lib.stride_tricks.sliding_window_view(y, 5))
+    out[2:-2] = _median(_windows(y, 5))
     out[1], out[-2] = _median(y[:3]), _median(y[-3:])
     return out
+
+
+#: numpy's reductions without their Python wrappers (`ndarray.sum`, `np.max`, `np.ptp` call these): the same numbers
+_ADD, _MAX, _MIN = np.add.reduce, np.maximum.reduce, np.minimum.reduce
+_TWO_ZEROS = np.zeros(2)
+_EPS = float(np.finfo(float).eps)
+
+
+def _ptp(x: np.ndarray) -> float:
+    """`float(np.ptp(x))` of a non-empty 1-D float array (the same number)."""
+    return float(_MAX(x) - _MIN(x))
+
+
+def _windows(x: np.ndarray, width: int) -> np.ndarray:
+    """`np.lib.stride_tricks.sliding_window_view(x, width)` of a 1-D float array (the same values, read
+    only), without its Python overhead, which a look pays hundreds of times on short series."""
+    x = np.ascontiguousarray(x, dtype=float)
+    view = np.ndarray((len(x) - width + 1, width), float, x, 0, (x.itemsize, x.itemsize))
+    view.flags.writeable = False
+    return view
 
 
 def _median(x: np.ndarray):
@@ -241,7 +261,8 @@ class _Layout:
         widths = np.geomspace(NARROWEST * spacing, max(WIDEST * max_duration * total / SPAN, NARROWEST * spacing * 2), N_WIDTHS)
         # steps may also sit between two bins: where bins are few, or sharp ones (a jump between two checkpoints)
         both = np.concatenate([tb, (tb[1:] + tb[:-1]) / 2])
-        self.grid = _frozen(np.array([(c, wd) for wd in widths for c in (both if wd < spacing or len(tb) < 100 else tb)]))
+        centres = [both if wd < spacing or len(tb) < 100 else tb for wd in widths]
+        self.grid = _frozen(np.column_stack((np.concatenate(centres), np.repeat(widths, [len(c) for c in centres]))))
         self.spacing = spacing
         self.columns = _frozen(self.root_w[:, None] * _logistic(tb[:, None], self.grid[:, 0], self.grid[:, 1]))
         self.column_norms = _frozen(np.einsum("ij,ij->j", self.columns, self.columns))
@@ -252,6 +273,9 @@ class _Layout:
     def step(self, step: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One step's column at the bins, weighted, and which grid steps overlap it (their 10-90%
         parts), computed once."""
+        if (found := self._bases.get(step)) is not None:  # (what `_kept` returns, without making `compute`)
+            return found
+
         def compute():
             c, wd = step
             column = _logistic(self.tb, c, wd)
@@ -320,7 +344,7 @@ def _solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if _LSTSQ is None:  # pragma: no cover
         return np.linalg.lstsq(x, y, rcond=None)[0]
     with np.errstate(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore"):
-        return _LSTSQ(x, y[:, None], np.finfo(float).eps * max(x.shape), signature="ddd->ddid")[0][:, 0]
+        return _LSTSQ(x, y[:, None], _EPS * max(x.shape), signature="ddd->ddid")[0][:, 0]
 
 
 class _StepModel:
@@ -395,7 +419,7 @@ class _StepModel:
         # orthogonal to the model already
         along = self.columns.T @ self._residual_basis(steps, self.line)[1]
         gain = np.where(usable, along**2 / norm, 0.0)
-        best = int(np.argmax(gain))
+        best = int(gain.argmax())
         # no step overlapping one of `steps` the other way (along 0 gains nothing either way): only
         # the best needs the heights' directions, where it overlaps one (the others can only lose)
         if any(self.layout.step(step)[2][best] for step in steps):
@@ -403,7 +427,7 @@ class _StepModel:
             for way, moving in ((along > 0, heights < 0), (along < 0, heights > 0)):
                 if moving.any():
                     gain[way & np.logical_or.reduce([self.layout.step(step)[2] for step, m in zip(steps, moving) if m])] = 0.0
-        best = int(np.argmax(gain))
+        best = int(gain.argmax())
         return (float(self.grid[best, 0]), float(self.grid[best, 1])), float(gain[best])
 
     def sse(self, steps: list[tuple[float, float]]) -> float:
@@ -507,10 +531,17 @@ def detect_transitions(
     also the outliers left out of the fit (`kind: "spike"`, onset = midpoint = end = its step)."""
     cfg = config or DetectorConfig()
     t, y, use_log = _prepare(steps, values, cfg.log_values if scale is None else scale)
-    if len(t) < 8 or np.ptp(t) == 0:
+    if len(t) < 8 or _ptp(t) == 0:
         return []
-    return _remembered(("fit", t.tobytes(), y.tobytes(), use_log, dataclasses.astuple(cfg), trends, in_progress, spikes),
+    return _remembered(("fit", t.tobytes(), y.tobytes(), use_log, _settings(cfg), trends, in_progress, spikes),
                        metric, lambda: _detect(t, y, use_log, metric, cfg, trends, in_progress, spikes))
+
+
+def _settings(cfg: DetectorConfig) -> tuple:
+    """`dataclasses.astuple(cfg)` of a config whose fields are numbers, strings or booleans (as
+    `DetectorConfig`'s), without its deep copy; any other config as `astuple` gives it."""
+    values = tuple(getattr(cfg, f.name) for f in dataclasses.fields(cfg))
+    return values if all(type(v) in (int, float, str, bool) for v in values) else dataclasses.astuple(cfg)
 
 
 #: how many recent results `_remembered` keeps
@@ -542,7 +573,7 @@ def _detect(t: np.ndarray, y: np.ndarray, use_log: bool, metric: str, cfg: Detec
     t, y = t[~spike], y[~spike]
     if len(tb) < 8:
         return found
-    span = float(np.ptp(yb))
+    span = _ptp(yb)
     if span <= FLAT * float(np.max(np.abs(yb))):  # a constant series: what binning leaves is rounding
         return found
     residual_t, residual = _point_residuals(t, y)
@@ -819,7 +850,7 @@ def departure(steps: Sequence[float], values: Sequence[float], metric: str = "",
     """
     t, y, _ = _prepare(steps, values, log_values)
     n = len(t)
-    if n < DEPARTURE_BASELINE + 1 or np.ptp(y) <= FLAT * float(np.max(np.abs(y))):
+    if n < DEPARTURE_BASELINE + 1 or _ptp(y) <= FLAT * float(_MAX(np.abs(y))):
         return None
     return _remembered(("departure", t.tobytes(), y.tobytes(), bar), metric, lambda: _departure(t, y, metric, bar))
 
@@ -828,7 +859,7 @@ def _departure(t: np.ndarray, y: np.ndarray, metric: str, bar: float) -> dict | 
     """`departure` of prepared points (`_prepare`: more than `DEPARTURE_BASELINE`, not constant)."""
     n = len(t)
     residuals = _point_residuals(t, y)[1]  # residuals[i] is point i + 1's: a window's are a slice of them
-    noise = max(_robust_scale(residuals), NOISE_FLOOR * float(np.ptp(y)))
+    noise = max(_robust_scale(residuals), NOISE_FLOOR * _ptp(y))
     best, starts = None, set()
     for window in DEPARTURE_WINDOWS:
         start = int(np.searchsorted(t, t[-1] - window))
@@ -853,22 +884,27 @@ def _split_z(t: np.ndarray, y: np.ndarray, residuals: np.ndarray, noise: float, 
     n = len(t)
     m = n - k - start
     tb, yb, tn, yn = t[start:n - k], y[start:n - k], t[n - k:], y[n - k:]
-    t_mean, y_mean = float(tb.sum() / m), float(yb.sum() / m)  # = mean(), cheaper
-    sxx = float(((tb - t_mean) ** 2).sum())
+    t_mean, y_mean = float(_ADD(tb) / m), float(_ADD(yb) / m)  # = mean(), cheaper
+    sxx = float(_ADD((tb - t_mean) ** 2))
     if sxx <= 0:
         return None
-    slope = float(((tb - t_mean) * (yb - y_mean)).sum()) / sxx
-    misfit = float(np.sqrt(((yb - y_mean - slope * (tb - t_mean)) ** 2).sum() / (m - 2))) if m > 2 else 0.0
-    sigma = max(noise, misfit, _robust_scale(residuals[start:n - k - 1]))
+    slope = float(_ADD((tb - t_mean) * (yb - y_mean))) / sxx
+    misfit = float(np.sqrt(_ADD((yb - y_mean - slope * (tb - t_mean)) ** 2) / (m - 2))) if m > 2 else 0.0
     r = yn - (y_mean + slope * (tn - t_mean))
-    se = sigma * math.sqrt(k + k**2 * (1 / m + (float(tn.sum() / k) - t_mean) ** 2 / sxx))
-    z = float(r.sum()) / se
-    sign = 1.0 if z > 0 else -1.0
-    before = yb[-max(k, 2):]
-    moved = sign * (float(yn.sum() / k) - float(before.sum() / len(before))) / (sigma * math.sqrt(1 / k + 1 / len(before)))
-    if abs(z) < bar or np.mean(np.sign(r) == sign) < 0.75 or abs(r[-1]) < abs(r[0]) or moved < 2:
+    se = math.sqrt(k + k**2 * (1 / m + (float(_ADD(tn) / k) - t_mean) ** 2 / sxx))
+    total = float(_ADD(r))
+    # sigma is at least max(noise, misfit): a split that misses the bar with that misses it with sigma
+    # (|z| only shrinks as sigma grows, rounding included), so the residuals' median is not needed
+    if (low := max(noise, misfit)) > 0 and abs(total / (low * se)) < bar:
         return None
-    return z
+    sigma = max(noise, misfit, _robust_scale(residuals[start:n - k - 1]))
+    z = total / (sigma * se)
+    sign = 1.0 if z > 0 else -1.0
+    if abs(z) < bar or np.count_nonzero(np.sign(r) == sign) / k < 0.75 or abs(r[-1]) < abs(r[0]):
+        return None
+    before = yb[-max(k, 2):]
+    moved = sign * (float(_ADD(yn) / k) - float(_ADD(before) / len(before))) / (sigma * math.sqrt(1 / k + 1 / len(before)))
+    return None if moved < 2 else z
 
 
 def _normal_cdf(z: float) -> float:
