@@ -188,7 +188,7 @@ class ProbeRunner(pl.Callback):
         for name, values in results.items():
             self._keys.setdefault(name, set()).update(k for k in values if k in scalars)
             for key, value in values.items():
-                if is_tracked(key):
+                if not is_number(value) and is_tracked(key):  # (a tracked set is labels, never a number)
                     self._track(step, key, [str(v) for v in value], getattr(trainer, "member", None), trainer)
         if scalars:
             for logger in trainer.loggers:

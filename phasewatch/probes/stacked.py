@@ -20,7 +20,7 @@ from torch import Tensor
 from phasewatch.models import call_with, parameters_kept
 from phasewatch.probes.composition import COMPOSE_FACTOR, composition_probe_values, head_weights, scores_of_weights
 from phasewatch.probes.grokking import check_key_freqs, grid_inputs, progress_measures
-from phasewatch.probes.heads import forward_scores, head_probe_values, head_tokens
+from phasewatch.probes.heads import _Weights, forward_scores, head_probe_values, head_tokens, weight_scores
 
 #: members in one vectorised pass, and inputs per pass: small enough that a pass stays in the
 #: CPU's caches (on the quickstart 4 x 1,024 runs as fast as member by member, 16 x 4,096 half as
@@ -142,8 +142,12 @@ def heads_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: 
                   thresholds: dict[str, float] | None = None) -> list[dict[str, Any]] | None:
     """The heads probe (`probes.heads.heads_probe`) of every member: the forward pass on the
     repeated tokens and the scores read from it (attention patterns, copy losses) vmapped over
-    the members, the weights' scores and the keys member by member. None where the template
-    is not a native model whose attention patterns can be read."""
+    the members, `MEMBERS_PER_PASS` at a time; the weights' scores (`weight_scores`) of all of
+    them in one vmapped call (each member's equal to its own, bit for bit: tests/unit/
+    test_stacked_probes.py); the keys member by member. None where the template is not a
+    native model whose attention patterns can be read."""
+    from torch.func import vmap
+
     attns = _attention_layers(template)
     if attns is None:
         return None
@@ -152,8 +156,13 @@ def heads_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: 
         passes = stacked_forward(template, params, tokens, lambda logits, chunk: forward_scores(
             logits, captured(), chunk, rep_len))
     reads = [{k: v[i] for k, v in chunk.items()} for (chunk,) in passes for i in range(len(chunk["first"]))]
-    return [head_probe_values(model, task.vocab_size, task.bos, task.n_ctx, thresholds, read=own)
-            for model, own in zip(models, reads)]
+    weights = [_Weights(model).tensors() for model in models]
+    stacked, size = _one_as_two({name: torch.stack([w[name] for w in weights]) for name in weights[0]})
+    with torch.no_grad():
+        weighed = vmap(lambda w: weight_scores(_Weights(tensors=w)))(stacked)
+    return [head_probe_values(model, task.vocab_size, task.bos, task.n_ctx, thresholds, read=own,
+                              weighed={kind: s[k] for kind, s in weighed.items()})
+            for k, (model, own) in enumerate(zip(models[:size], reads))]
 
 
 #: probe name -> its form over stacked weights: (template, params, models, task, **options) -> values per member

@@ -178,3 +178,60 @@ def test_measure_switches_to_eval_only_for_a_probe_that_runs_on_the_model():
     out = measure(model, None, [given, own], {}, given=lambda name, options: {"given/x": 2.0} if name == "given" else None)
     assert out == {"given": {"given/x": 2.0}, "own": {"own/x": 1.0}} and own.modes == [[False, False, False]]
     assert [m.training for m in model.modules()] == [True, True, False] and switches == [False, True]
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 3])
+def test_the_heads_weight_scores_vmapped_over_members_are_each_members_own_bit_for_bit(n_layers):
+    """The scores read from the weights (copying, token_k, position_q), vmapped over stacked
+    members as `heads_stacked` computes them, equal each member's own computation exactly (not
+    to a tolerance: a population's values stay those of its members measured one by one), in
+    stacks of 3, 2 and 1 (doubled, as `_one_as_two`) and without W_pos (position_q all 0); and
+    `heads_stacked` hands each member those same numbers."""
+    from torch.func import vmap
+
+    from phasewatch.probes.heads import _Weights, weight_scores
+
+    task = make_task("induction", vocab_size=12, seq_len=11, max_len=5)
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        models.append(build_model(ModelConfig(n_layers=n_layers, d_model=16, n_heads=2, d_head=8, attn_only=True),
+                                  task))
+    own = [weight_scores(_Weights(model)) for model in models]
+    assert not torch.equal(own[0]["copying"], own[1]["copying"])  # the members differ
+    weights = [_Weights(model).tensors() for model in models]
+    for drop in ((), ("W_pos",)):
+        for members in ([0, 1, 2], [1, 2], [2, 2]):
+            stacked_weights = {name: torch.stack([weights[k][name] for k in members])
+                               for name in weights[0] if name not in drop}
+            together = vmap(lambda w: weight_scores(_Weights(tensors=w)))(stacked_weights)
+            for i, k in enumerate(members):
+                alone = own[k] if not drop else weight_scores(_Weights(tensors={
+                    name: w for name, w in weights[k].items() if name not in drop}))
+                for kind in ("copying", "token_k", "position_q"):
+                    assert torch.equal(together[kind][i], alone[kind]), (kind, members, drop)
+                if drop:
+                    assert not alone["position_q"].any()
+    if n_layers == 1:
+        assert not own[0]["token_k"].any() and not own[0]["position_q"].any()
+    template, params = _stacked(models)
+    for values, alone in zip(stacked.heads_stacked(template, params, models, task), own):
+        for kind in ("copying", "token_k", "position_q"):
+            assert torch.equal(values[kind], alone[kind]), kind
+
+
+def test_the_copy_losses_read_from_the_logits_are_those_of_the_log_softmax_over_every_position():
+    """`forward_scores` slices the logits before converting them to float64: the copy losses
+    are bit for bit those of the log-softmax over the whole float64 logits, then sliced."""
+    import torch.nn.functional as F
+
+    from phasewatch.probes.heads import forward_scores, head_tokens
+
+    tokens, rep_len = head_tokens(12, 11, 12, batch=16)
+    torch.manual_seed(0)
+    logits = torch.randn(16, tokens.shape[1], 13) * 4
+    patterns = [torch.softmax(torch.randn(16, 2, tokens.shape[1], tokens.shape[1]), -1)]
+    got = forward_scores(logits, patterns, tokens, rep_len)
+    nll = -F.log_softmax(logits.double(), dim=-1)[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]
+    assert torch.equal(got["first"], nll[:, 1:rep_len].mean())
+    assert torch.equal(got["second"], nll[:, rep_len + 1:2 * rep_len].mean())
