@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
+import torch.nn.functional as F
 import yaml
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -33,7 +34,7 @@ from phasewatch.callbacks.probes import ProbeRunner, StackedProbes
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.models import native_module
 from phasewatch.models.factory import one_build
-from phasewatch.models.plain import plain_twin
+from phasewatch.models.plain import plain_twin, stacked_logits
 from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch
 from phasewatch.errors import ConfigError
@@ -285,12 +286,20 @@ class PopulationModule(pl.LightningModule):
         size = next(iter(params.values())).shape[0]
         step = self.members_per_pass(batch, one_batch) if in_passes else None
         if step is None or step >= size:
-            return vectorised_outputs(self._plain, params, batch, one_batch, counts, self.loss_dtype)
-        parts = [vectorised_outputs(self._plain, {name: p[start:start + step] for name, p in params.items()},
-                                    batch if one_batch else batch.take(slice(start, start + step)), one_batch, counts,
-                                    self.loss_dtype)
+            return self._outputs(params, batch, one_batch, counts)
+        parts = [self._outputs({name: p[start:start + step] for name, p in params.items()},
+                               batch if one_batch else batch.take(slice(start, start + step)), one_batch, counts)
                  for start in range(0, size, step)]
         return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+
+    def _outputs(self, params: dict[str, torch.Tensor], batch: Batch, one_batch: bool,
+                 counts: bool) -> dict[str, torch.Tensor]:
+        """`stacked_outputs` where the twin is one `stacked_logits` covers, else
+        `vectorised_outputs` (vmap): the same values bit for bit, in fewer host calls."""
+        out = stacked_outputs(self._plain, params, batch, one_batch, counts, self.loss_dtype)
+        if out is None:
+            return vectorised_outputs(self._plain, params, batch, one_batch, counts, self.loss_dtype)
+        return out
 
     def _padded(self, batch: Batch | list[Batch]) -> Batch:
         """The members' training batches each `padded` to the task's longest input
@@ -399,6 +408,32 @@ class PopulationModule(pl.LightningModule):
             ckpt["loops"] = {"fit_loop": trainer.fit_loop.state_dict(), "validate_loop": trainer.validate_loop.state_dict(),
                              "test_loop": trainer.test_loop.state_dict(), "predict_loop": trainer.predict_loop.state_dict()}
         return ckpt
+
+
+def stacked_outputs(twin: torch.nn.Module, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
+                    counts: bool, loss_dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+    """`vectorised_outputs` (the same keys and values, bit for bit on the CPU) from
+    `stacked_logits`, the twin's pass written with the member dimension: each member's
+    cross-entropy over its positions, masked and summed per member. None where `stacked_logits`
+    does not cover the twin, and for one batch shared by every member (`shared`: vmap, whose
+    unbatched inputs take other layouts through the kernels, rounding the key biases' gradients
+    otherwise; tests/unit/test_stacked_logits.py)."""
+    if shared:  # vmap runs one batch for every member in other layouts, which round otherwise
+        return None
+    n = next(iter(params.values())).shape[0]
+    tokens, targets, mask = batch.tokens, batch.targets, batch.loss_mask
+    logits = stacked_logits(twin, params, tokens, batch.extras.get("attend"))
+    if logits is None:
+        return None
+    per = F.cross_entropy(logits.to(loss_dtype).flatten(0, -2), targets.flatten(), reduction="none")
+    answers = mask.flatten(1)
+    loss_sum, tokens_ = (per.view(n, -1) * answers).sum(1), answers.sum(1)
+    out = {"loss": loss_sum / tokens_}
+    if counts:
+        right = (logits.argmax(-1) == targets) & mask
+        out |= {"loss_sum": loss_sum, "tokens": tokens_, "correct": right.flatten(1).sum(1),
+                "seq_ok": (right | ~mask).all(-1).flatten(1).sum(1)}
+    return out
 
 
 class MemberTrainer:

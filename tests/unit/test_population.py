@@ -156,7 +156,6 @@ def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_b
     one vectorised pass; member k's loss and gradient equal its own model's on its unpadded
     batch (to float rounding), and a member alone with `vectorised` pads its batch alike, runs
     through the same plain twin of its model (`models.plain`), and repeats them bit for bit."""
-    import phasewatch.training.population as population_module
     from types import SimpleNamespace
 
     from phasewatch.tasks.rasp import RaspTask
@@ -174,10 +173,10 @@ def test_a_rasp_populations_lengths_are_one_pass_and_a_member_alone_repeats_it_b
     population = PopulationModule(members, vary_data=not shared)
     batches = [t.train_batch(step, None) for t in (tasks[1:2] * 3 if shared else tasks)]
     passes = []
-    counted = population_module.vectorised_outputs
-    monkeypatch.setattr(population_module, "vectorised_outputs", lambda *a: passes.append(a) or counted(*a))
+    counted = PopulationModule._outputs  # a pass: vmap's, or the member dimension's (`stacked_outputs`)
+    monkeypatch.setattr(PopulationModule, "_outputs", lambda self, *a: passes.append(a) or counted(self, *a))
     out = population._member_outputs(population._padded(batches[0] if shared else batches))
-    assert len(passes) == 1 and passes[0][2].tokens.shape[-1] == tasks[0].n_ctx
+    assert len(passes) == 1 and passes[0][1].tokens.shape[-1] == tasks[0].n_ctx
     out["loss"].sum().backward()
     _each_members_own(out, population, plain, batches)
     # the run alone's training step (not a logging step), on its own unpadded batch
@@ -243,10 +242,10 @@ def test_validation_in_passes_gives_each_member_its_own_values(shared, monkeypat
     monkeypatch.setattr(population_module, "PASS_FLOATS", 2 * batches[0].tokens.numel() * 16)  # d_model 16: 2 a pass
     assert population.members_per_pass(batch, shared) == 2
     passes = []
-    counted = population_module.vectorised_outputs
-    monkeypatch.setattr(population_module, "vectorised_outputs",
-                        lambda module, params, *a: passes.append(next(iter(params.values())).shape[0])
-                        or counted(module, params, *a))
+    counted = PopulationModule._outputs  # a pass: vmap's, or the member dimension's (`stacked_outputs`)
+    monkeypatch.setattr(PopulationModule, "_outputs",
+                        lambda self, params, *a: passes.append(next(iter(params.values())).shape[0])
+                        or counted(self, params, *a))
     with torch.no_grad():
         out = population._member_outputs(batch, in_passes=True)
         assert passes == [2, 2, 1]
