@@ -236,12 +236,12 @@ def _copy(x: Any, memo: dict) -> Any:
     if cls is dict or (cls is OrderedDict and not vars(x)):
         y = cls()
         memo[d] = y
-        for k, v in x.items():
-            y[_copy(k, memo)] = _copy(v, memo)
+        for k, v in x.items():  # (atoms, mostly the keys, kept without a call)
+            y[k if type(k) in _ATOMIC else _copy(k, memo)] = v if type(v) in _ATOMIC else _copy(v, memo)
     elif cls is list:
         y = []
         memo[d] = y
-        y.extend(_copy(v, memo) for v in x)
+        y.extend(v if type(v) in _ATOMIC else _copy(v, memo) for v in x)
     elif cls is set and all(type(v) in _ATOMIC for v in x):  # (a module's `_non_persistent_buffers_set`)
         y = set(x)
         memo[d] = y
@@ -311,7 +311,10 @@ def eval_mode(*models: torch.nn.Module) -> list[tuple[torch.nn.Module, bool]]:
     model too: not a registered submodule, its `train` reaches it), each set once; returns each
     module's mode before, for `restore_modes`. `nn.Module.train` visits a bridge's modules along
     every path that reaches them (over 400 visits of under 100 modules; bench/README.md, fit_speed)."""
-    modules = {m for model in models for root in (model, native_module(model)) for m in root.modules()}
+    modules: set[torch.nn.Module] = set()
+    for root in (root for model in models for root in (model, native_module(model))):
+        if root not in modules:  # a root already reached was walked with everything below it
+            modules.update(root.modules())
     modes = [(module, module.training) for module in modules]
     for module in modules:
         module.training = False

@@ -540,8 +540,14 @@ def detect_transitions(
 def _settings(cfg: DetectorConfig) -> tuple:
     """`dataclasses.astuple(cfg)` of a config whose fields are numbers, strings or booleans (as
     `DetectorConfig`'s), without its deep copy; any other config as `astuple` gives it."""
-    values = tuple(getattr(cfg, f.name) for f in dataclasses.fields(cfg))
+    names = _FIELDS.get(type(cfg))
+    if names is None:
+        names = _FIELDS[type(cfg)] = tuple(f.name for f in dataclasses.fields(cfg))
+    values = tuple(getattr(cfg, name) for name in names)
     return values if all(type(v) in (int, float, str, bool) for v in values) else dataclasses.astuple(cfg)
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # each config class's field names (`_settings`)
 
 
 #: how many recent results `_remembered` keeps
