@@ -210,6 +210,7 @@ class TransitionWatcher(pl.Callback):
         self.logs_per_doubling = int(logs_per_doubling)
         self._log_every = 0  # the trainer's log_every_n_steps, where this watcher logs densely early (`setup`)
         self._look_grid: set[int] = set()
+        self._acts: set[int] | None = None  # the steps `due_at` says, laid out by `plan` (`_acting`)
         self._planned = self._reference = 1  # the looks the run plans, and at validations alone (`plan`)
         self._last_look: int | None = None
         self.reported: list[dict[str, Any]] = []  # every event reported, in order
@@ -251,7 +252,20 @@ class TransitionWatcher(pl.Callback):
         """Whether the watcher acts at the start of `step` (a look of its grid: `look_steps`; a
         step logged early, or the one after, `_early`: it sets the logging); a population leaves
         it out of the other steps (training/population.py)."""
+        acts = self._acts
+        if acts is not None:  # laid out by `plan`: one `in` a step
+            return step in acts
         return step in self._look_grid or self._early(step + 1) or self._early(step)
+
+    def _acting(self, max_steps: int) -> set[int] | None:
+        """The steps up to `max_steps` + 1 at which `due_at` is true (None for a run of unknown
+        length): the look grid's, and around the steps logged early only (`_early`: none from
+        2 x `logs_per_doubling` x the trainer's `log_every_n_steps` on, where `logged_at`'s gap,
+        a power of two past step / `logs_per_doubling` / 2, reaches it)."""
+        if max_steps <= 0:
+            return None
+        last = min(max_steps + 1, 2 * self.logs_per_doubling * self._log_every + 1) if self._log_every > 1 else -1
+        return self._look_grid | {s for s in range(last + 1) if self._early(s + 1) or self._early(s)}
 
     def _early(self, step: int) -> bool:
         """The training metrics are logged at `step` early only (`logged_at`, between the
@@ -289,6 +303,7 @@ class TransitionWatcher(pl.Callback):
         (adaptive resolution) and the bars for the `looks` it plans in all against the
         `validations` looks it would make without the grid (`bar_for`; None: the bars as given)."""
         self._look_grid = set(self.look_steps(max_steps, [])) - {max_steps} if max_steps > 0 else set()
+        self._acts = self._acting(max_steps)
         self._keys, self._details = {}, {}  # the keys' declarations as they are for this run (`_declared`, `_detail`)
         self._planned, self._reference = (looks, validations) if looks and validations else (1, 1)
         self._dense_steps = set(Schedule(kind="log", count=self.dense_count).resolve(max_steps)) if self.dense else set()
@@ -300,7 +315,7 @@ class TransitionWatcher(pl.Callback):
     def dense_now(self, step: int) -> bool:
         """Whether checkpoints run at `step` for adaptive resolution: it is on the dense grid,
         and an onset is pending that was found no more than `dense_for` x its step ago."""
-        return bool(self.dense_metrics(step))
+        return step in self._dense_steps and bool(self.dense_metrics(step))
 
     def dense_metrics(self, step: int) -> set[str]:
         """The series whose pending onsets make `step` dense (`dense_now`): the probes that
