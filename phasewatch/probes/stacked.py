@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from phasewatch.models import call_with, parameters_kept
+from phasewatch.models import call_with, native_module, parameters_kept
 from phasewatch.probes.composition import COMPOSE_FACTOR, composition_probe_values, head_weights, scores_of_weights
 from phasewatch.probes.grokking import check_key_freqs, grid_inputs, progress_measures
 from phasewatch.probes.heads import _Weights, forward_scores, head_probe_values, head_tokens, weight_scores
@@ -117,6 +117,50 @@ def grokking_stacked(template: torch.nn.Module, params: dict[str, Tensor], model
     return out
 
 
+class _Reader(torch.nn.Module):
+    """`read(model)` as a module's forward, for `torch.func.functional_call` with other weights."""
+
+    def __init__(self, model: torch.nn.Module, read: Callable[[Any], dict[str, Tensor]]):
+        super().__init__()
+        self.model, self.read = model, read
+
+    def forward(self) -> dict[str, Tensor]:
+        return self.read(self.model)
+
+
+def stacked_reads(models: list, params: dict[str, Tensor], read: Callable[[Any], dict[str, Tensor]]
+                  ) -> dict[str, Tensor]:
+    """`read(model)` (weight matrices as the model shows them, e.g. `heads._Weights`) of every
+    member, stacked: read once, through the first member's model with each member's parameters
+    (`params`, named as the members' native module names them) under one vmap, instead of
+    member by member (a bridge's accessors stack and reshape every block's weights at each
+    call). The same numbers, each member's own weights copied or reshaped as `read` does,
+    where `read`'s accessors read the parameters `torch.func.functional_call` swaps in: the
+    last member is read alone too, and any difference means member by member (a bridge's
+    LayerNorm scale accessor, for one, keeps showing the first member's). Member by member,
+    too, where the model's parameters are not all among `params`."""
+    from torch.func import functional_call, vmap
+
+    def each() -> dict[str, Tensor]:
+        reads = [read(m) for m in models]
+        return {key: torch.stack([r[key] for r in reads]) for key in reads[0]}
+
+    model = models[0]
+    native = {id(p): name for name, p in native_module(model).named_parameters()} if params else {}
+    names = {name: native.get(id(p)) for name, p in model.named_parameters()}
+    if not names or not all(n in params for n in names.values()):
+        return each()
+    stacked, size = _one_as_two({f"model.{name}": params[own] for name, own in names.items()})
+    reader = _Reader(model, read)
+    with torch.no_grad():
+        together = _first(vmap(lambda member: functional_call(reader, member, ()))(stacked), size)
+    if size > 1:  # the last member alone: does `read` see the parameters swapped in?
+        last = read(models[-1])
+        if set(last) != set(together) or not all(torch.equal(together[k][-1], v) for k, v in last.items()):
+            return each()
+    return together
+
+
 def composition_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: list, task,
                         factor: float = COMPOSE_FACTOR) -> list[dict[str, Any]]:
     """The composition probe (`probes.composition.composition_probe`) of every member: the
@@ -156,8 +200,7 @@ def heads_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: 
         passes = stacked_forward(template, params, tokens, lambda logits, chunk: forward_scores(
             logits, captured(), chunk, rep_len))
     reads = [{k: v[i] for k, v in chunk.items()} for (chunk,) in passes for i in range(len(chunk["first"]))]
-    weights = [_Weights(model).tensors() for model in models]
-    stacked, size = _one_as_two({name: torch.stack([w[name] for w in weights]) for name in weights[0]})
+    stacked, size = _one_as_two(stacked_reads(models, params, lambda model: _Weights(model).tensors()))
     with torch.no_grad():
         weighed = vmap(lambda w: weight_scores(_Weights(tensors=w)))(stacked)
     return [head_probe_values(model, task.vocab_size, task.bos, task.n_ctx, thresholds, read=own,

@@ -235,3 +235,36 @@ def test_the_copy_losses_read_from_the_logits_are_those_of_the_log_softmax_over_
     nll = -F.log_softmax(logits.double(), dim=-1)[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]
     assert torch.equal(got["first"], nll[:, 1:rep_len].mean())
     assert torch.equal(got["second"], nll[:, rep_len + 1:2 * rep_len].mean())
+
+
+@pytest.mark.parametrize("normalization", ["none", "LN"])
+def test_the_members_weights_read_once_over_stacked_parameters_are_each_members_own(normalization):
+    """`stacked_reads` reads the weight matrices of every member through one model with each
+    member's parameters: bit for bit what each member's own model shows (`_Weights`), for
+    stacks of 3 and 1, and member by member (the same) where the parameters are not given.
+    The composition probe's `head_weights` reads a LayerNorm scale through an accessor that
+    does not see the swapped parameters (it shows the first member's): the check on the last
+    member finds it, and each member is read alone."""
+    from phasewatch.probes.composition import head_weights
+    from phasewatch.probes.heads import _Weights
+
+    task = make_task("induction", vocab_size=12, seq_len=11, max_len=5)
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        models.append(build_model(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=normalization == "none",
+                                              normalization=normalization), task))
+        if normalization == "LN":  # a LayerNorm scale of the member's own, folded into its weights
+            with torch.no_grad():
+                models[-1].blocks[0].ln1.w.mul_(torch.rand_like(models[-1].blocks[0].ln1.w) + 0.5)
+    template, params = _stacked(models)
+    for read in (lambda model: _Weights(model).tensors(), head_weights):
+        own = [read(model) for model in models]
+        assert not torch.equal(own[0]["W_Q"], own[1]["W_Q"])
+        for members in ([0, 1, 2], [1]):
+            for given in ({name: p[members] for name, p in params.items()}, {}):
+                together = stacked.stacked_reads([models[k] for k in members], given, read)
+                assert set(together) == set(own[0])
+                for i, k in enumerate(members):
+                    for name, w in own[k].items():
+                        assert torch.equal(together[name][i], w), (name, members, bool(given))
