@@ -210,6 +210,7 @@ class PopulationModule(pl.LightningModule):
         by_id = {id(p): name for name, p in per_member[0].items()}
         self._order = [by_id[id(p)] for p in first.model.parameters() if p.requires_grad]
         self._pending: dict[str, torch.Tensor] | None = None
+        self.hook_state: dict[str, Any] | None = None  # what members' checkpoints share within a hook (`_once`)
         self.member_loggers: list[list] = [[] for _ in members]
         self._link()
 
@@ -398,16 +399,28 @@ class PopulationModule(pl.LightningModule):
         if hasattr(member, "_hparams_name"):
             ckpt["hparams_name"] = member._hparams_name
         if not weights_only:
-            n, opt = len(self.members), trainer.optimizers[0].state_dict()
+            n, opt = len(self.members), self._once("optimizer", lambda: trainer.optimizers[0].state_dict())
             state = {i: {key: (v[index].clone() if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n else v)
                          for key, v in s.items()} for i, s in opt["state"].items()}
             ckpt |= {"callbacks": {cb.state_key: cb.state_dict() for cb in callbacks},
                      "optimizer_states": [{"state": state, "param_groups": opt["param_groups"]}],
-                     "lr_schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]}
+                     "lr_schedulers": self._once("lr_schedulers", lambda: [c.scheduler.state_dict()
+                                                                           for c in trainer.lr_scheduler_configs])}
         if trainer.global_step > 0 or weights_only:  # (full at step 0: none, as ScheduledCheckpoints saves it)
-            ckpt["loops"] = {"fit_loop": trainer.fit_loop.state_dict(), "validate_loop": trainer.validate_loop.state_dict(),
-                             "test_loop": trainer.test_loop.state_dict(), "predict_loop": trainer.predict_loop.state_dict()}
+            ckpt["loops"] = self._once("loops", lambda: {
+                "fit_loop": trainer.fit_loop.state_dict(), "validate_loop": trainer.validate_loop.state_dict(),
+                "test_loop": trainer.test_loop.state_dict(), "predict_loop": trainer.predict_loop.state_dict()})
         return ckpt
+
+    def _once(self, key: str, read):
+        """`read()`, read once for every member saving within one hook (`MemberCallbacks._each`
+        opens `hook_state`: the trainer's optimizer, schedule and loops do not change while
+        the members' callbacks run), else at every call."""
+        if self.hook_state is None:
+            return read()
+        if key not in self.hook_state:
+            self.hook_state[key] = read()
+        return self.hook_state[key]
 
 
 def stacked_outputs(twin: torch.nn.Module, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
@@ -562,15 +575,19 @@ class MemberCallbacks(pl.Callback):
         frozen = {name: getattr(trainer, name) for name in FROZEN}
         saved = False
         self.probes.expect([view._index for view, _, _ in acting])
-        for view, member, callbacks in acting:
-            view.saved, view.frozen = False, frozen
-            try:
-                for cb in callbacks:
-                    getattr(cb, hook)(view, member, *args)
-            finally:
-                view.frozen = None
-            self.probes.done(view._index)
-            saved |= view.saved
+        pl_module.hook_state = {}
+        try:
+            for view, member, callbacks in acting:
+                view.saved, view.frozen = False, frozen
+                try:
+                    for cb in callbacks:
+                        getattr(cb, hook)(view, member, *args)
+                finally:
+                    view.frozen = None
+                self.probes.done(view._index)
+                saved |= view.saved
+        finally:
+            pl_module.hook_state = None
         if saved and self._last_due(hook, frozen):  # the population's own checkpoint, after every member's
             tmp = self.last.with_name(self.last.name + ".tmp")
             self.last.parent.mkdir(parents=True, exist_ok=True)
