@@ -96,7 +96,8 @@ def stacked_logits(twin: torch.nn.Module, params: dict[str, torch.Tensor], token
         if pad is not None:
             block = block | pad
             scores = scores.view(n, batch, *scores.shape[1:])
-        pattern = F.softmax(scores.masked_fill(block, float("-inf")), dim=-1).masked_fill(block, 0.0)
+        # (torch.where: the values of the twin's masked_fill, forward and backward, at about half its cost)
+        pattern = torch.where(block, 0.0, F.softmax(torch.where(block, float("-inf"), scores), dim=-1))
         mixed = torch.matmul(pattern.view(n * batch, *pattern.shape[-3:]), v)
         hidden = hidden + _linear(mixed.transpose(1, 2).contiguous().view(n, batch * seq, -1), p, at + "attn.o.")
         if not cfg.attn_only:
