@@ -32,6 +32,17 @@ def _stacked(models):
     return template, params
 
 
+def _induction_members(normalization="none", n_layers=2):
+    """The induction task and three members of a small model (seeds 0-2): attention only without a norm."""
+    task = make_task("induction", vocab_size=12, seq_len=11, max_len=5)
+    models = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        models.append(build_model(ModelConfig(n_layers=n_layers, d_model=16, n_heads=2, d_head=8,
+                                              attn_only=normalization == "none", normalization=normalization), task))
+    return task, models
+
+
 def _each_own(together, alone, rel_tol):
     """Every member's values over stacked weights are its own: floats to `rel_tol`, lists equal."""
     for values, own in zip(together, alone):
@@ -83,12 +94,7 @@ def test_the_heads_probe_over_stacked_weights_is_each_members_own(monkeypatch, n
     """Three 2-layer members in passes of two (members 0-1, then 2 alone): every score, copy
     loss, count and head list, with the thresholds option; a model whose attention patterns
     cannot be read over stacked weights is left to run member by member (None)."""
-    task = make_task("induction", vocab_size=12, seq_len=11, max_len=5)
-    models = []
-    for seed in range(3):
-        torch.manual_seed(seed)
-        models.append(build_model(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=normalization == "none",
-                                              normalization=normalization), task))
+    task, models = _induction_members(normalization)
     template, params = _stacked(models)
     monkeypatch.setattr(stacked, "MEMBERS_PER_PASS", 2)
     thresholds = {"prev_token": 0.3, "induction": 0.2}
@@ -191,12 +197,7 @@ def test_the_heads_weight_scores_vmapped_over_members_are_each_members_own_bit_f
 
     from phasewatch.probes.heads import _Weights, weight_scores
 
-    task = make_task("induction", vocab_size=12, seq_len=11, max_len=5)
-    models = []
-    for seed in range(3):
-        torch.manual_seed(seed)
-        models.append(build_model(ModelConfig(n_layers=n_layers, d_model=16, n_heads=2, d_head=8, attn_only=True),
-                                  task))
+    task, models = _induction_members(n_layers=n_layers)
     own = [weight_scores(_Weights(model)) for model in models]
     assert not torch.equal(own[0]["copying"], own[1]["copying"])  # the members differ
     weights = [_Weights(model).tensors() for model in models]
@@ -248,15 +249,11 @@ def test_the_members_weights_read_once_over_stacked_parameters_are_each_members_
     from phasewatch.probes.composition import head_weights
     from phasewatch.probes.heads import _Weights
 
-    task = make_task("induction", vocab_size=12, seq_len=11, max_len=5)
-    models = []
-    for seed in range(3):
-        torch.manual_seed(seed)
-        models.append(build_model(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_head=8, attn_only=normalization == "none",
-                                              normalization=normalization), task))
-        if normalization == "LN":  # a LayerNorm scale of the member's own, folded into its weights
-            with torch.no_grad():
-                models[-1].blocks[0].ln1.w.mul_(torch.rand_like(models[-1].blocks[0].ln1.w) + 0.5)
+    task, models = _induction_members(normalization)
+    if normalization == "LN":  # a LayerNorm scale of each member's own, folded into its weights
+        with torch.no_grad():
+            for model in models:
+                model.blocks[0].ln1.w.mul_(torch.rand_like(model.blocks[0].ln1.w) + 0.5)
     template, params = _stacked(models)
     for read in (lambda model: _Weights(model).tensors(), head_weights):
         own = [read(model) for model in models]
