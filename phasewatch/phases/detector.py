@@ -304,8 +304,10 @@ class _Layout:
         """`compute()`'s arrays (read-only), kept for `key` (a step, or what, steps and line) while they
         fit in `BASES_BYTES` with the newer ones."""
         if (found := self._bases.get(key)) is None:
-            found = tuple(_frozen(a) for a in compute())
-            size = sum(a.nbytes for a in found)
+            found, size = tuple(compute()), 0
+            for array in found:  # read-only (`_frozen`), and their bytes
+                array.flags.writeable = False
+                size += array.nbytes
             while self._bases and self._bytes + size > BASES_BYTES:  # the oldest go
                 self._bytes -= sum(a.nbytes for a in self._bases.pop(next(iter(self._bases))))
             self._bases[key], self._bytes = found, self._bytes + size
