@@ -80,9 +80,10 @@ def stacked_logits(twin: torch.nn.Module, params: dict[str, torch.Tensor], token
     cfg = twin.cfg
     p = params
     offsets = torch.arange(n, device=tokens.device)[:, None, None]
-    hidden = F.embedding(tokens + offsets * cfg.d_vocab, p["tok_embed.weight"].flatten(0, 1))
+    table, places = p["tok_embed.weight"], p["pos.weight"]
+    hidden = F.embedding(tokens + offsets * table.shape[1], table.flatten(0, 1))
     positions = torch.arange(seq, device=tokens.device).expand(n, batch, seq)
-    hidden = (hidden + F.embedding(positions + offsets * cfg.n_ctx, p["pos.weight"].flatten(0, 1))).flatten(1, 2)
+    hidden = (hidden + F.embedding(positions + offsets * places.shape[1], places.flatten(0, 1))).flatten(1, 2)
     pad = None if attend is None else ~attend.bool()[:, :, None, None, :]
     for i, layer in enumerate(twin.layers):
         at = f"layers.{i}."
@@ -142,6 +143,9 @@ def _check(twin: torch.nn.Module) -> bool:
     from transformer_lens.utilities.activation_functions import softcap_enabled
 
     if type(twin) is not NativeModel or twin.pos is None or twin.rotary is not None:
+        return False
+    if any(type(e) is not torch.nn.Embedding or e.padding_idx is not None or e.max_norm is not None
+           or e.scale_grad_by_freq or e.sparse for e in (twin.tok_embed, twin.pos)):
         return False
     cfg = twin.cfg
     if softcap_enabled(twin.output_logits_soft_cap):
