@@ -80,10 +80,11 @@ def stacked_logits(twin: torch.nn.Module, params: dict[str, torch.Tensor], token
     cfg = twin.cfg
     p = params
     offsets = torch.arange(n, device=tokens.device)[:, None, None]
-    table, places = p["tok_embed.weight"], p["pos.weight"]
-    hidden = F.embedding(tokens + offsets * table.shape[1], table.flatten(0, 1))
-    positions = torch.arange(seq, device=tokens.device).expand(n, batch, seq)
-    hidden = (hidden + F.embedding(positions + offsets * places.shape[1], places.flatten(0, 1))).flatten(1, 2)
+    table = p["tok_embed.weight"]
+    hidden = F.embedding(tokens + offsets * table.shape[1], table.flatten(0, 1)).flatten(1, 2)
+    # the positions, the same for every member: their rows of each member's table (vmap's rule)
+    positions = torch.arange(seq, device=tokens.device).expand(batch, seq).flatten()
+    hidden = hidden + p["pos.weight"].index_select(1, positions)
     pad = None if attend is None else ~attend.bool()[:, :, None, None, :]
     for i, layer in enumerate(twin.layers):
         at = f"layers.{i}."
