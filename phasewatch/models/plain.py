@@ -70,8 +70,9 @@ def stacked_logits(twin: torch.nn.Module, params: dict[str, torch.Tensor], token
     twin with a leading member dimension N (named as `twin.named_parameters()`), `tokens` the
     members' inputs (N, batch, positions) and `attend` their padding mask (1: a real position) or
     None. What `vmap` of the twin's forward gives, bit for bit: each operation the one vmap's
-    batching rules run (embeddings as one table of N x rows, linear maps as batched products,
-    LayerNorm's scale and shift after the normalisation). None where the twin is not one
+    batching rules run (the token embedding as one table of N x rows, the positions as each
+    member's rows, linear maps as batched products, LayerNorm's scale and shift after the
+    normalisation, the attention mask as a selection). None where the twin is not one
     `_covered` (vmap then runs it) or the stack holds fewer than 2 members (a stack of one runs
     doubled: `vectorised_outputs`)."""
     n, batch, seq = tokens.shape
