@@ -135,10 +135,12 @@ def stacked_reads(models: list, params: dict[str, Tensor], read: Callable[[Any],
     (`params`, named as the members' native module names them) under one vmap, instead of
     member by member (a bridge's accessors stack and reshape every block's weights at each
     call). The same numbers, each member's own weights copied or reshaped as `read` does,
-    where `read`'s accessors read the parameters `torch.func.functional_call` swaps in: the
-    last member is read alone too, and any difference means member by member (a bridge's
-    LayerNorm scale accessor, for one, keeps showing the first member's). Member by member,
-    too, where the model's parameters are not all among `params`."""
+    where `read`'s accessors read the parameters `torch.func.functional_call` swaps in: a
+    member whose every parameter differs from the first member's is read alone too, and any
+    difference means member by member (a bridge's LayerNorm scale accessor, for one, keeps
+    showing the first member's); member by member where no member differs from the first in
+    every parameter (LayerNorm scales still at their initial ones, say), or where the model's
+    parameters are not all among `params`."""
     from torch.func import functional_call, vmap
 
     def each() -> dict[str, Tensor]:
@@ -154,9 +156,13 @@ def stacked_reads(models: list, params: dict[str, Tensor], read: Callable[[Any],
     reader = _Reader(model, read)
     with torch.no_grad():
         together = _first(vmap(lambda member: functional_call(reader, member, ()))(stacked), size)
-    if size > 1:  # the last member alone: does `read` see the parameters swapped in?
-        last = read(models[-1])
-        if set(last) != set(together) or not all(torch.equal(together[k][-1], v) for k, v in last.items()):
+    if size > 1:  # does `read` see the parameters swapped in? One member read alone tells only
+        # where each of its parameters differs from the first member's (an accessor that shows
+        # the first member's would show the right value for a member with that parameter equal)
+        own = [params[n] for n in names.values()]
+        check = next((k for k in range(size - 1, 0, -1) if not any(torch.equal(p[k], p[0]) for p in own)), None)
+        alone = read(models[check]) if check is not None else {}
+        if set(alone) != set(together) or not all(torch.equal(together[k][check], v) for k, v in alone.items()):
             return each()
     return together
 

@@ -244,8 +244,9 @@ def test_the_members_weights_read_once_over_stacked_parameters_are_each_members_
     member's parameters: bit for bit what each member's own model shows (`_Weights`), for
     stacks of 3 and 1, and member by member (the same) where the parameters are not given.
     The composition probe's `head_weights` reads a LayerNorm scale through an accessor that
-    does not see the swapped parameters (it shows the first member's): the check on the last
-    member finds it, and each member is read alone."""
+    does not see the swapped parameters (it shows the first member's): the check on a member
+    whose every parameter differs from the first's finds it, and each member is read alone,
+    also where the last member is the first one's twin (members 0, 1, 0)."""
     from phasewatch.probes.composition import head_weights
     from phasewatch.probes.heads import _Weights
 
@@ -258,7 +259,7 @@ def test_the_members_weights_read_once_over_stacked_parameters_are_each_members_
     for read in (lambda model: _Weights(model).tensors(), head_weights):
         own = [read(model) for model in models]
         assert not torch.equal(own[0]["W_Q"], own[1]["W_Q"])
-        for members in ([0, 1, 2], [1]):
+        for members in ([0, 1, 2], [0, 1, 0], [1]):  # [0, 1, 0]: the last member is the first's twin
             for given in ({name: p[members] for name, p in params.items()}, {}):
                 together = stacked.stacked_reads([models[k] for k in members], given, read)
                 assert set(together) == set(own[0])
