@@ -135,12 +135,11 @@ def stacked_reads(models: list, params: dict[str, Tensor], read: Callable[[Any],
     (`params`, named as the members' native module names them) under one vmap, instead of
     member by member (a bridge's accessors stack and reshape every block's weights at each
     call). The same numbers, each member's own weights copied or reshaped as `read` does,
-    where `read`'s accessors read the parameters `torch.func.functional_call` swaps in: a
-    member whose every parameter differs from the first member's is read alone too, and any
-    difference means member by member (a bridge's LayerNorm scale accessor, for one, keeps
-    showing the first member's); member by member where no member differs from the first in
-    every parameter (LayerNorm scales still at their initial ones, say), or where the model's
-    parameters are not all among `params`."""
+    where `read`'s accessors read the parameters `torch.func.functional_call` swaps in: members
+    that differ from the first in every parameter any member differs in (`_witnesses`, mostly
+    the last member alone) are read alone too, and any difference means member by member (a
+    bridge's LayerNorm scale accessor, for one, keeps showing the first member's). Member by
+    member, too, where the model's parameters are not all among `params`."""
     from torch.func import functional_call, vmap
 
     def each() -> dict[str, Tensor]:
@@ -156,15 +155,28 @@ def stacked_reads(models: list, params: dict[str, Tensor], read: Callable[[Any],
     reader = _Reader(model, read)
     with torch.no_grad():
         together = _first(vmap(lambda member: functional_call(reader, member, ()))(stacked), size)
-    if size > 1:  # does `read` see the parameters swapped in? One member read alone tells only
-        # where each of its parameters differs from the first member's (an accessor that shows
-        # the first member's would show the right value for a member with that parameter equal)
-        own = [params[n] for n in names.values()]
-        check = next((k for k in range(size - 1, 0, -1) if not any(torch.equal(p[k], p[0]) for p in own)), None)
-        alone = read(models[check]) if check is not None else {}
-        if set(alone) != set(together) or not all(torch.equal(together[k][check], v) for k, v in alone.items()):
+    for k in _witnesses([params[n][:size] for n in names.values()]):  # does `read` see them swapped in?
+        alone = read(models[k])
+        if set(alone) != set(together) or not all(torch.equal(together[key][k], v) for key, v in alone.items()):
             return each()
     return together
+
+
+def _witnesses(stacks: list[Tensor]) -> list[int]:
+    """Members to read alone to learn whether a read sees each member's parameters (`stacks`,
+    member first): together, they differ from the first member in every parameter that any
+    member differs in (a read showing the first member's parameter is right for a member
+    whose parameter equals it, and shows itself only on one whose differs); the last
+    members first, each only for what the ones before leave uncovered."""
+    differs = [(p != p[:1]).reshape(len(p), -1).any(1).tolist() for p in stacks]
+    left, out = {i for i, d in enumerate(differs) if any(d)}, []
+    for k in range(len(stacks[0]) - 1, 0, -1) if stacks else ():
+        if not left:
+            break
+        if covered := {i for i in left if differs[i][k]}:
+            out.append(k)
+            left -= covered
+    return out
 
 
 def composition_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: list, task,

@@ -266,3 +266,18 @@ def test_the_members_weights_read_once_over_stacked_parameters_are_each_members_
                 for i, k in enumerate(members):
                     for name, w in own[k].items():
                         assert torch.equal(together[name][i], w), (name, members, bool(given))
+
+
+def test_the_members_read_alone_cover_every_parameter_any_member_has_of_its_own():
+    """`_witnesses`: the members whose reads alone show whether a read sees each member's
+    parameters, together differing from the first member wherever any member does."""
+    first_only = torch.zeros(4, 3)
+    first_only[3, 1] = 1.0  # member 3 differs here
+    scalar = torch.zeros(4)
+    scalar[1] = 2.0  # member 1 differs here (a stack of scalars)
+    same = torch.ones(4, 2)  # no member differs: nothing to learn from it
+    assert stacked._witnesses([first_only, scalar, same]) == [3, 1]
+    assert stacked._witnesses([same]) == []
+    assert stacked._witnesses([torch.arange(12.0).reshape(4, 3), scalar]) == [3, 1]
+    everywhere = torch.arange(8.0).reshape(4, 2)
+    assert stacked._witnesses([everywhere, everywhere + 1]) == [3]  # the last member covers all
