@@ -4,10 +4,13 @@ rewrite sooner is not seen), and always once at the end, without the reload: a r
 that writes it at the end only; `min_seconds 0` rewrites it at every `every_n_validations`-th
 validation, as before."""
 
+from types import SimpleNamespace
+
 import pytest
 
 import phasewatch.callbacks.live_report as live_report
 from phasewatch.cli.main import main
+from phasewatch.report.html import REFRESH_SECONDS
 
 ARGS = ["--data.task", "Induction", "--data.task.vocab_size", "10", "--data.task.seq_len", "13",
         "--data.task.max_len", "6", "--data.task.batch_size", "8", "--data.task.n_val", "16",
@@ -16,10 +19,23 @@ ARGS = ["--data.task", "Induction", "--data.task.vocab_size", "10", "--data.task
         "--report.every_n_validations", "1", "--trainer.enable_progress_bar", "false", "--no_wandb"]
 
 
-@pytest.mark.parametrize("flags, live_writes", [([], 0), (["--report.min_seconds", "0"], 3)],
-                         ids=["within-the-reload-period", "min_seconds-0"])
+class _Clock:
+    """The live report's clock (`time.monotonic` as `live_report` reads it): `step` seconds
+    pass between two readings, whatever the machine's speed."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@pytest.mark.parametrize("flags, seconds, live_writes",
+                         [([], 0.0, 0), ([], 31.0, 3), (["--report.min_seconds", "0"], 0.0, 3)],
+                         ids=["within-the-reload-period", "past-the-reload-period", "min_seconds-0"])
 def test_the_live_report_waits_for_its_clock_and_the_final_one_is_always_written(tmp_path, monkeypatch, flags,
-                                                                                  live_writes):
+                                                                                  seconds, live_writes):
     written: list[bool] = []  # each rewrite's `live`, in order (the writes themselves happen)
     write = live_report.write_report
 
@@ -28,7 +44,12 @@ def test_the_live_report_waits_for_its_clock_and_the_final_one_is_always_written
         return write(run_dir, *args, live=live, **kwargs)
 
     monkeypatch.setattr(live_report, "write_report", recorded)
+    monkeypatch.setattr(live_report, "time", SimpleNamespace(monotonic=_Clock(seconds).monotonic))
     assert main(["fit", *ARGS, *flags, "--run_dir", str(tmp_path / "run")]) == 0
-    assert written == [True] * live_writes + [False]  # a 30-step fit takes well under 30 s
+    assert written == [True] * live_writes + [False]
     report = (tmp_path / "run" / "report.html").read_text()
     assert 'http-equiv="refresh"' not in report  # the final report
+
+
+def test_the_live_report_waits_for_the_pages_own_reload_period_by_default():
+    assert live_report.LiveReport().min_seconds == REFRESH_SECONDS == 30
