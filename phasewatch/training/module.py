@@ -28,11 +28,6 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, IterableDataset
 
-try:  # Lightning's record of the modules' modes around a validation (private: `_ModesPutBack`)
-    from lightning.pytorch.utilities.model_helpers import _ModuleMode
-except ImportError:  # pragma: no cover (another Lightning: its own record, as it is)
-    _ModuleMode = None
-
 from phasewatch.callbacks.checkpoints import shared_views
 from phasewatch.callbacks.interventions import Interventions
 from phasewatch.callbacks.transitions import TransitionWatcher
@@ -242,7 +237,6 @@ class TrainModule(pl.LightningModule):
         self._fit_plan = None  # decided afresh for this fit
         chunked = self._chunkable(self.trainer)
         self._fit_plan = FitPlan.of(self.trainer, chunked, self._loop_steps() if chunked else None)
-        _modes_put_back_by_the_module(self.trainer)
 
     def _loop_steps(self):
         """Lightning's count of optimizer steps in chunks (manual optimisation): `global_step`."""
@@ -554,30 +548,6 @@ class TrainModule(pl.LightningModule):
     def configure_optimizers(self):
         params = [p for p in self.model.parameters() if p.requires_grad]
         return adamw_with_warmup(params, self.hparams, fused=self.defer_checks)
-
-
-class _ModesPutBack(_ModuleMode or object):
-    """Lightning's record of the modules' modes around a validation, for a module that puts them
-    back itself: Lightning calls `restore` only where `on_validation_model_train` is not overridden,
-    and `TrainModule`'s is (`eval_mode`'s record), so `capture`'s walk over every module path (a
-    bridge's 221; about 3,000 Python calls a validation) is never read. Where the hook is not
-    overridden (a subclass's choice), everything as Lightning's."""
-
-    def __init__(self, module: pl.LightningModule):
-        super().__init__()
-        self._own = is_overridden("on_validation_model_train", module)
-
-    def capture(self, module: torch.nn.Module) -> None:
-        if not self._own:
-            super().capture(module)
-
-
-def _modes_put_back_by_the_module(trainer: pl.Trainer) -> None:
-    """The fit's validation loop records no modes the module puts back itself (`_ModesPutBack`);
-    a Lightning without that loop's record is left as it is."""
-    loop = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "val_loop", None)
-    if _ModuleMode is not None and type(getattr(loop, "_module_mode", None)) is _ModuleMode:
-        loop._module_mode = _ModesPutBack(trainer.lightning_module)
 
 
 def _chunk_aware(callback: pl.Callback) -> bool:

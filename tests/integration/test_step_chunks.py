@@ -111,12 +111,10 @@ def test_validation_runs_every_module_in_eval_mode_and_training_resumes_in_train
     assert seen == {"train": {True}, "val": {False}}
 
 
-def test_validation_starts_without_gradients_and_lightning_records_no_modes_the_module_puts_back(tmp_path, monkeypatch):
+def test_validation_starts_without_gradients_and_training_resumes_in_train_mode(tmp_path, monkeypatch):
     """Before each of a fit's validations every parameter's gradient is released (as Lightning's
-    `zero_grad`, in `TrainModule.on_validation_model_zero_grad`); the fit's validation loop keeps
-    no record of the modules' modes (`_ModesPutBack`: the module puts them back itself, Lightning
-    would never read it; before, a walk over every module path a validation), and training still
-    resumes with every module in train mode."""
+    `zero_grad`, in `TrainModule.on_validation_model_zero_grad`, one walk over the modules), and
+    training resumes with every module in train mode (`eval_mode`'s record, put back)."""
     seen: list[tuple] = []
     step, validation_step = TrainModule._step, TrainModule.validation_step
 
@@ -126,14 +124,13 @@ def test_validation_starts_without_gradients_and_lightning_records_no_modes_the_
 
     def validating(self, batch, batch_idx):
         if not self.trainer.sanity_checking:
-            recorded = self.trainer.fit_loop.epoch_loop.val_loop._module_mode.mode
-            seen.append(("val", {p.grad is None for p in self.parameters()}, len(recorded)))
+            seen.append(("val", {p.grad is None for p in self.parameters()}, {sub.training for sub in self.modules()}))
         return validation_step(self, batch, batch_idx)
 
     monkeypatch.setattr(TrainModule, "_step", training)
     monkeypatch.setattr(TrainModule, "validation_step", validating)
     fit(tmp_path / "run", True, monkeypatch, "--probes.names", "[]", "--trainer.max_steps", "21")
-    assert [s for s in seen if s[0] == "val"] == [("val", {True}, 0)] * 2
+    assert [s for s in seen if s[0] == "val"] == [("val", {True}, {False})] * 2
     assert {frozenset(s[1]) for s in seen if s[0] == "train"} == {frozenset({True})}
 
 
