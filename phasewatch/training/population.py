@@ -658,15 +658,31 @@ class _Lockstep(IterableDataset):
                 return batch
             return encoded_members(tasks, step, first.batch_size, first.task.n_ctx)
 
-        batch = draw(step)
+        batch, vocab = draw(step), first.task.d_vocab
         if batch is None:
             for batches in zip(*(m.train_dataloader().dataset for m in self.members)):
-                yield member_batches(batches)
+                yield in_vocabulary(member_batches(batches), vocab, first.task)
             return
         while True:
-            yield batch
+            yield in_vocabulary(batch, vocab, first.task)
             step += 1
             batch = draw(step)
+
+
+def in_vocabulary(batch: Batch | list[Batch], vocab: int, task: object) -> Batch | list[Batch]:
+    """`batch` (the members' own batches, stacked or a list), checked on the host: every token id
+    in the task's vocabulary. A run alone fails on an id out of it (the embedding's index
+    error); the members' stacked embedding reads one table of every member's rows, where such
+    an id would read another member's row and train on, so it fails here instead (a task's bug,
+    named with the fix)."""
+    for b in batch if isinstance(batch, list) else (batch,):
+        tokens = b.tokens
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            bad = tokens[(tokens < 0) | (tokens >= vocab)][0]
+            raise ValueError(f"{type(task).__name__} drew token id {int(bad)}, outside its vocabulary of {vocab} ids "
+                             f"(0 to {vocab - 1}): the population stops before training on it. Make the task's "
+                             "batches draw ids below its d_vocab, or raise d_vocab.")
+    return batch
 
 
 def padded_members(batch: Batch | list[Batch], length: int) -> Batch:
@@ -743,7 +759,9 @@ class PopulationData(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         if not self.vary_data:
             return self.members[0].val_dataloader()
-        batches = [member_batches(group) for group in zip(*(m.task.val_batches() for m in self.members))]
+        task = self.members[0].task
+        batches = [in_vocabulary(member_batches(group), task.d_vocab, task)
+                   for group in zip(*(m.task.val_batches() for m in self.members))]
         return DataLoader(batches, batch_size=None, collate_fn=_identity)
 
 

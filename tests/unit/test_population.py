@@ -450,3 +450,28 @@ def test_one_build_builds_alone_where_its_copy_would_differ(monkeypatch):
             finally:
                 torch.set_default_dtype(torch.float32)
     assert wide.W_E.dtype == torch.float64
+
+
+def test_a_members_token_id_outside_the_vocabulary_stops_the_population_on_the_host():
+    """A run alone fails on a token id outside its task's vocabulary (the embedding's index
+    error); the population's stacked embedding (one table of every member's rows) would read
+    another member's row instead, so the members' batches are checked as they are drawn
+    (`_Lockstep`, `in_vocabulary`): ids in range pass untouched, one out of range (a task's bug,
+    here a subclass drawing id `d_vocab` in the second member's batch at step 4) stops it, named."""
+    from phasewatch.training.module import TaskDataModule
+    from phasewatch.training.population import _Lockstep
+
+    class Leaky(Induction):
+        def train_batches(self, seeds, step, batch_size=None):  # every member's, drawn in one call
+            batch = super().train_batches(seeds, step, batch_size)
+            if step == 4:
+                batch.tokens[1, 0, 1] = self.d_vocab  # the second member's
+            return batch
+
+    tasks = [Leaky(vocab_size=10, seq_len=9, max_len=4, batch_size=3, seed=s) for s in (0, 2)]
+    lockstep = iter(_Lockstep([TaskDataModule(t) for t in tasks], 1))
+    for step in (1, 2, 3):
+        drawn = next(lockstep)
+        assert int(drawn.tokens.max()) < tasks[0].d_vocab, step
+    with pytest.raises(ValueError, match=r"Leaky drew token id 1\d, outside its vocabulary of 1\d ids"):
+        next(lockstep)
