@@ -72,8 +72,15 @@ def _series(seed):
     return steps, y
 
 
-def test_the_departure_tests_early_exit_answers_every_split_as_the_whole_test():
-    asked = departed = 0
+def test_the_departure_tests_early_exit_answers_every_split_as_the_whole_test(monkeypatch):
+    asked = departed = exited = 0
+    scaled, robust_scale = [0], detector._robust_scale  # how many splits got as far as the median
+
+    def counted(residual):
+        scaled[0] += 1
+        return robust_scale(residual)
+
+    monkeypatch.setattr(detector, "_robust_scale", counted)
     for seed in range(300):
         steps, values = _series(seed)
         t, y, _ = detector._prepare(steps, values, False)
@@ -86,6 +93,9 @@ def test_the_departure_tests_early_exit_answers_every_split_as_the_whole_test():
                     break
                 for bar in (2.0, detector.DEPARTURE_Z):
                     want = _split_z_whole(t, y, residuals, noise, start, k, bar)
+                    before = scaled[0]
                     assert detector._split_z(t, y, residuals, noise, start, k, bar) == want, (seed, window, k, bar)
                     asked, departed = asked + 1, departed + (want is not None)
+                    exited += scaled[0] == before
     assert asked > 1000 and departed > 50  # both verdicts were asked
+    assert asked > exited > asked // 10  # the early exit answered many splits, not all
