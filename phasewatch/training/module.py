@@ -629,16 +629,7 @@ def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor],
 
     def one(params, tokens, targets, mask, attend):
         logits = call_with(module, params, (tokens,) if attend is None else (tokens, attend))
-        # every position's cross-entropy weighted by the mask (`masked_mean_loss`: no boolean
-        # indexing, which vmap cannot do)
-        per = F.cross_entropy(logits.to(loss_dtype).flatten(0, -2), targets.flatten(), reduction="none")
-        loss_sum, tokens_ = (per * mask.flatten()).sum(), mask.sum()
-        out = {"loss": loss_sum / tokens_}
-        if counts:
-            right = (logits.argmax(-1) == targets) & mask
-            out |= {"loss_sum": loss_sum, "tokens": tokens_, "correct": right.sum(),
-                    "seq_ok": (right | ~mask).all(-1).sum()}
-        return out
+        return answer_outputs(logits, targets, mask, counts, loss_dtype)
 
     # A stack of one takes other paths through PyTorch's batched kernels than a stack of two or
     # more (the key bias's gradient, zero in exact arithmetic, then differs in its last bits), so
@@ -655,6 +646,23 @@ def vectorised_outputs(module: torch.nn.Module, params: dict[str, torch.Tensor],
         out = vmap(one, in_dims=(0, data, data, data, None if attend is None else data))(
             params, batch.tokens, batch.targets, batch.loss_mask, attend)
     return {key: value[:1] for key, value in out.items()} if alone else out
+
+
+def answer_outputs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, counts: bool,
+                   loss_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`vectorised_outputs`' values from logits (..., batch, positions, classes) of one member
+    (inside vmap) or of a stack of members (a leading member dimension: `stacked_outputs`):
+    every position's cross-entropy weighted by the mask (`masked_mean_loss` without boolean
+    indexing, which vmap cannot do) and summed per member, the same reductions either way."""
+    per = F.cross_entropy(logits.to(loss_dtype).flatten(0, -2), targets.flatten(), reduction="none")
+    answers = mask.flatten(-2)
+    loss_sum, tokens = (per.view(answers.shape) * answers).sum(-1), answers.sum(-1)
+    out = {"loss": loss_sum / tokens}
+    if counts:
+        right = (logits.argmax(-1) == targets) & mask
+        out |= {"loss_sum": loss_sum, "tokens": tokens, "correct": right.flatten(-2).sum(-1),
+                "seq_ok": (right | ~mask).all(-1).sum(-1)}
+    return out
 
 
 def emit(loggers: list, metrics: dict[str, float], step: int) -> None:

@@ -25,7 +25,6 @@ from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 import yaml
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -38,8 +37,8 @@ from phasewatch.models.plain import plain_twin, stacked_logits
 from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch
 from phasewatch.errors import ConfigError
-from phasewatch.training.module import (TaskDataModule, TrainModule, adamw_with_warmup, emit, padded,
-                                        vectorised_outputs)
+from phasewatch.training.module import (TaskDataModule, TrainModule, adamw_with_warmup, answer_outputs, emit,
+                                        padded, vectorised_outputs)
 
 
 def parse_seeds(spec: object) -> list[int]:
@@ -426,27 +425,17 @@ class PopulationModule(pl.LightningModule):
 def stacked_outputs(twin: torch.nn.Module, params: dict[str, torch.Tensor], batch: Batch, shared: bool,
                     counts: bool, loss_dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
     """`vectorised_outputs` (the same keys and values, bit for bit on the CPU) from
-    `stacked_logits`, the twin's pass written with the member dimension: each member's
-    cross-entropy over its positions, masked and summed per member. None where `stacked_logits`
+    `stacked_logits`, the twin's pass written with the member dimension, and `answer_outputs`,
+    the reductions vmap's pass makes per member, over the member dimension. None where `stacked_logits`
     does not cover the twin, and for one batch shared by every member (`shared`: vmap, whose
     unbatched inputs take other layouts through the kernels, rounding the key biases' gradients
     otherwise; tests/unit/test_stacked_logits.py)."""
     if shared:  # vmap runs one batch for every member in other layouts, which round otherwise
         return None
-    n = next(iter(params.values())).shape[0]
-    tokens, targets, mask = batch.tokens, batch.targets, batch.loss_mask
-    logits = stacked_logits(twin, params, tokens, batch.extras.get("attend"))
+    logits = stacked_logits(twin, params, batch.tokens, batch.extras.get("attend"))
     if logits is None:
         return None
-    per = F.cross_entropy(logits.to(loss_dtype).flatten(0, -2), targets.flatten(), reduction="none")
-    answers = mask.flatten(1)
-    loss_sum, tokens_ = (per.view(n, -1) * answers).sum(1), answers.sum(1)
-    out = {"loss": loss_sum / tokens_}
-    if counts:
-        right = (logits.argmax(-1) == targets) & mask
-        out |= {"loss_sum": loss_sum, "tokens": tokens_, "correct": right.flatten(1).sum(1),
-                "seq_ok": (right | ~mask).all(-1).flatten(1).sum(1)}
-    return out
+    return answer_outputs(logits, batch.targets, batch.loss_mask, counts, loss_dtype)
 
 
 class MemberTrainer:
