@@ -6,7 +6,8 @@ transition watcher has an onset pending, the steps of its dense grid (`dense_now
 most `dense_per_decade` per tenfold of steps. The steps of an explicit `schedule` are resume points
 and hold the full state; every other step checkpoint exists for post-hoc probes and holds the
 weights only (`weights_only` overrides both). `last.ckpt` always holds the full state: it is
-refreshed every `last_every` steps, once at the end, and at the step where SIGTERM arrived. At
+refreshed every `last_every` steps, once at the end, and at the step where SIGTERM stopped the run
+(`on_exception` where it arrived after the step's save was decided; not mid-validation). At
 a step where validation runs, the save waits until validation has logged. Every file is written
 under a temporary name and renamed into place; a full disk stops the run with one line (DiskFull).
 
@@ -25,6 +26,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from phasewatch.loggers.run_folder import CheckpointStateLogger, run_folder
 from phasewatch.callbacks.probes import ProbeRunner
@@ -82,6 +85,7 @@ class ScheduledCheckpoints(Checkpoint):
         self._steps: set[int] = set()
         self._trainer: pl.Trainer | None = None
         self._restored_logger_states: list | None = None
+        self._last_step: int | None = None  # the step last.ckpt holds, where this run wrote it
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
@@ -135,6 +139,8 @@ class ScheduledCheckpoints(Checkpoint):
                     shutil.copyfile(tmp, last_tmp)
                     os.replace(last_tmp, path.with_name(LAST_CHECKPOINT))
                 os.replace(tmp, path)
+            if copy_to_last or name == LAST_CHECKPOINT:
+                self._last_step = trainer.global_step
         except OSError as err:
             for partial in (tmp, last_tmp):
                 partial.unlink(missing_ok=True)
@@ -202,3 +208,13 @@ class ScheduledCheckpoints(Checkpoint):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._save(trainer, LAST_CHECKPOINT)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """SIGTERM that arrived after this step's save was decided (`_save_due` ran without it:
+        during the hooks, logging or validation that follow) stops the fit where Lightning next
+        looks, after the step: last.ckpt is written there unless it already holds the step. Not
+        in the middle of validation (Lightning stops it between batches: the step's validation
+        is incomplete), where last.ckpt stays the one before and the stop line says its step."""
+        if (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and not trainer.sanity_checking
+                and trainer.state.stage != RunningStage.VALIDATING and self._last_step != trainer.global_step):
+            self._save(trainer, LAST_CHECKPOINT)

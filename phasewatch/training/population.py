@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 import torch
 import yaml
 from torch.utils.data import DataLoader, IterableDataset
@@ -486,7 +487,8 @@ class MemberTrainer:
 
 
 #: the callback hooks a member's callbacks are given (the ones phasewatch's callbacks use)
-MEMBER_HOOKS = ("on_train_start", "on_train_batch_start", "on_train_batch_end", "on_validation_end", "on_train_end")
+MEMBER_HOOKS = ("on_train_start", "on_train_batch_start", "on_train_batch_end", "on_validation_end", "on_train_end",
+                "on_exception")
 #: the hooks of every step: there the members' callbacks run only at the steps where one is due
 STEP_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 
@@ -614,6 +616,8 @@ class MemberCallbacks(pl.Callback):
                 logger.finalize(status)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: PopulationModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):  # members' last.ckpt at the step, then the population's
+            self._each("on_exception", trainer, pl_module, exception)  # (ScheduledCheckpoints.on_exception)
         for view in self.views:  # as Lightning closes a run's own loggers when it fails
             for logger in view.loggers:
                 logger.finalize("failed")

@@ -185,6 +185,33 @@ def test_a_stopped_run_says_so_and_how_to_resume_it(tmp_path, uninterrupted, sig
     assert list(read_jsonl(run / "metrics.jsonl")) == uninterrupted  # every step once, the same numbers
 
 
+def test_sigterm_after_the_checkpoints_hook_still_saves_its_step(tmp_path, uninterrupted, monkeypatch, capsys):
+    """SIGTERM that arrives after the step's callbacks have run (here raised from the module's
+    own `on_train_batch_end`, which Lightning calls after every callback's; a scheduler's signal
+    lands there at random, and logging and validation follow it before Lightning stops): the
+    run still stops with last.ckpt at the step it reached, and resumes to the same metrics as
+    an uninterrupted run."""
+    from phasewatch.training.module import TrainModule
+
+    sent, own = [], TrainModule.on_train_batch_end
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        own(self, outputs, batch, batch_idx)
+        if not sent and self.global_step >= 7:
+            sent.append(self.global_step)
+            signal.raise_signal(signal.SIGTERM)  # Lightning's handler notes it; the process goes on
+
+    monkeypatch.setattr(TrainModule, "on_train_batch_end", on_train_batch_end)
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *INTERRUPTED]) == 143
+    out = "".join(capsys.readouterr())
+    assert f"phasewatch: interrupted at step {sent[0]}; resume with: phasewatch fit --run_dir {run} --ckpt_path last\n" in out
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == sent[0]
+    monkeypatch.undo()
+    assert main(["fit", "--run_dir", str(run), "--ckpt_path", "last"]) == 0
+    assert list(read_jsonl(run / "metrics.jsonl")) == uninterrupted
+
+
 def test_wandb_offline_run_and_sync_hint(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

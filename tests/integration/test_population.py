@@ -114,6 +114,40 @@ def test_a_crashed_population_resumes_every_member_exactly(tmp_path, monkeypatch
         assert (crashed / member / "metrics.jsonl").read_text() == (tmp_path / "whole" / member / "metrics.jsonl").read_text()
 
 
+def test_a_population_stopped_by_sigterm_saves_its_step_and_resumes_exactly(tmp_path, monkeypatch, capsys):
+    """SIGTERM arriving after the step's callbacks ran (raised from the population module's own
+    `on_train_batch_end`, after every callback's) stops the population at that step with its
+    last.ckpt and every member's there (not at the last `last_every` step); resumed, every
+    member's folder equals the uninterrupted population's, line for line."""
+    import signal
+
+    from phasewatch.training import population
+
+    args = [*TASKS["induction"], *ARGS, "--trainer.max_steps", "14", "--checkpoints.last_every", "5",
+            "--checkpoints.schedule", '{"kind": "list", "steps": [0, 7, 14]}', "--population.seeds", "0-1"]
+    assert main(["fit", *args, "--run_dir", str(tmp_path / "whole")]) == 0
+    sent, own = [], population.PopulationModule.on_train_batch_end
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        own(self, outputs, batch, batch_idx)
+        if not sent and self.global_step >= 9:  # no save due there (validation every 4)
+            sent.append(self.global_step)
+            signal.raise_signal(signal.SIGTERM)  # Lightning's handler notes it; the process goes on
+
+    monkeypatch.setattr(population.PopulationModule, "on_train_batch_end", on_train_batch_end)
+    stopped = tmp_path / "stopped"
+    assert main(["fit", *args, "--run_dir", str(stopped)]) == 143
+    assert f"interrupted at step {sent[0]}; resume with: phasewatch fit --run_dir {stopped} --ckpt_path last\n" \
+        in "".join(capsys.readouterr())
+    monkeypatch.undo()
+    for last in [stopped / "checkpoints", stopped / "m00" / "checkpoints", stopped / "m01" / "checkpoints"]:
+        assert torch.load(last / "last.ckpt", weights_only=False)["global_step"] == sent[0], last
+    assert main(["fit", "--run_dir", str(stopped), "--ckpt_path", "last"]) == 0
+    for member in ("m00", "m01"):
+        _same_run(stopped / member, tmp_path / "whole" / member)
+        assert (stopped / member / "metrics.jsonl").read_text() == (tmp_path / "whole" / member / "metrics.jsonl").read_text()
+
+
 def test_what_a_population_cannot_do_is_refused_before_anything_is_written(tmp_path, capsys):
     for flags, field in [(["--model.on_nonfinite", "skip"], "model.on_nonfinite"),
                          (["--trainer.gradient_clip_val", "1.0"], "trainer.gradient_clip_val"),
