@@ -245,7 +245,8 @@ def _layout(tb: np.ndarray, w: np.ndarray, max_duration: float) -> "_Layout":
 
 def _held(layout: "_Layout") -> int:
     """The most bytes a kept layout holds: its grid and columns, and its `BASES_BYTES`."""
-    return layout.grid.nbytes + layout.columns.nbytes + layout.column_norms.nbytes + BASES_BYTES
+    return (layout.grid.nbytes + layout.columns.nbytes + layout.column_norms.nbytes + layout.negligible.nbytes
+            + layout.line_column.nbytes + BASES_BYTES)
 
 
 class _Layout:
@@ -265,58 +266,62 @@ class _Layout:
         self.grid = _frozen(np.column_stack((np.concatenate(centres), np.repeat(widths, [len(c) for c in centres]))))
         self.spacing = spacing
         self.columns = _frozen(self.root_w[:, None] * _logistic(tb[:, None], self.grid[:, 0], self.grid[:, 1]))
-        self.column_norms = _frozen(np.einsum("ij,ij->j", self.columns, self.columns))
+        self.column_norms = _frozen(_EINSUM("ij,ij->j", self.columns, self.columns))
         self.t_mean = float(np.average(tb, weights=w))
+        # the line's weighted column, and the squared norm outside a design below which a column has none
+        # (computed once here: the same numbers as at each set of steps)
+        self.line_column = _frozen(self.root_w * (self.tb - self.t_mean))
+        self.negligible = _frozen(1e-9 * self.column_norms)
         self._bases: dict[tuple, tuple] = {}  # per step and per set of steps (`_kept`)
+        self._sizes: dict[tuple, int] = {}  # their bytes, the oldest first
         self._bytes = 0
 
     def step(self, step: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One step's column at the bins, weighted, and which grid steps overlap it (their 10-90%
         parts), computed once."""
-        if (found := self._bases.get(step)) is not None:  # (what `_kept` returns, without making `compute`)
-            return found
-
-        def compute():
+        if (found := self._bases.get(step)) is None:
             c, wd = step
             column = _logistic(self.tb, c, wd)
-            return column, self.root_w * column, np.abs(self.grid[:, 0] - c) < SPAN / 2 * (self.grid[:, 1] + wd)
-        return self._kept(step, compute)
+            found = self._kept(step, (column, self.root_w * column,
+                                      np.abs(self.grid[:, 0] - c) < SPAN / 2 * (self.grid[:, 1] + wd)))
+        return found
 
     def basis(self, steps: tuple[tuple[float, float], ...], line: bool) -> tuple[np.ndarray, np.ndarray]:
         """The weighted design of these steps (in this order) and line, and q of its QR."""
-        def compute():
+        if (found := self._bases.get(key := ("basis", steps, line))) is None:
             # the weighted columns side by side (the same numbers as root_w[:, None] * the design)
-            x = np.array([self.root_w] + ([self.root_w * (self.tb - self.t_mean)] if line else [])
+            x = np.array([self.root_w] + ([self.line_column] if line else [])
                          + [self.step(step)[1] for step in steps]).T.copy()
-            return x, _orthonormal(x)
-        return self._kept(("basis", steps, line), compute)
+            found = self._kept(key, (x, _orthonormal(x)))
+        return found
 
     def outside(self, steps: tuple[tuple[float, float], ...], line: bool) -> tuple[np.ndarray, np.ndarray]:
         """For these steps and line: where each grid step's column has a part outside the design
         (> 1e-9 of its squared norm), and that part's squared norm (at least 1e-300)."""
-        def compute():
+        if (found := self._bases.get(key := ("outside", steps, line))) is None:
             q = self.basis(steps, line)[1]
-            norm = self.column_norms - np.einsum("ij,ij->j", inner := q.T @ self.columns, inner)
-            return norm > 1e-9 * self.column_norms, np.maximum(norm, 1e-300)
-        return self._kept(("outside", steps, line), compute)
+            inner = q.T @ self.columns
+            norm = self.column_norms - _EINSUM("ij,ij->j", inner, inner)
+            found = self._kept(key, (norm > self.negligible, np.maximum(norm, 1e-300)))
+        return found
 
-    def _kept(self, key: tuple, compute: Callable[[], tuple]) -> tuple:
-        """`compute()`'s arrays (read-only), kept for `key` (a step, or what, steps and line) while they
+    def _kept(self, key: tuple, found: tuple) -> tuple:
+        """`found`'s arrays (made read-only), kept for `key` (a step, or what, steps and line) while they
         fit in `BASES_BYTES` with the newer ones."""
-        if (found := self._bases.get(key)) is None:
-            found, size = tuple(compute()), 0
-            for array in found:  # read-only (`_frozen`), and their bytes
-                array.flags.writeable = False
-                size += array.nbytes
-            while self._bases and self._bytes + size > BASES_BYTES:  # the oldest go
-                self._bytes -= sum(a.nbytes for a in self._bases.pop(next(iter(self._bases))))
-            self._bases[key], self._bytes = found, self._bytes + size
+        size = 0
+        for array in found:  # read-only (`_frozen`), and their bytes
+            array.setflags(write=False)
+            size += array.nbytes
+        while self._sizes and self._bytes + size > BASES_BYTES:  # the oldest go
+            del self._bases[oldest := next(iter(self._sizes))]
+            self._bytes -= self._sizes.pop(oldest)
+        self._bases[key], self._sizes[key], self._bytes = found, size, self._bytes + size
         return found
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
     """The array, read-only (shared by several models: none may change it)."""
-    array.flags.writeable = False
+    array.setflags(write=False)
     return array
 
 
@@ -330,23 +335,43 @@ try:  # the gufuncs behind np.linalg.qr and np.linalg.lstsq: the same numbers wi
     _QR, _LSTSQ = _umath_linalg.qr_r_raw, _umath_linalg.lstsq
 except (ImportError, AttributeError):  # pragma: no cover (another numpy)
     _QR = _LSTSQ = None
+try:  # np.einsum without its Python wrapper (np.einsum calls it: the same numbers), and the error state
+    # np.linalg sets around its gufuncs, set as `np.errstate` sets it (without building one each call)
+    from numpy._core.multiarray import c_einsum as _EINSUM
+    from numpy._core.umath import _extobj_contextvar as _ERRORS, _make_extobj
+    _LINALG_ERRORS = _make_extobj(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore")
+except (ImportError, AttributeError, TypeError):  # pragma: no cover (another numpy)
+    _EINSUM, _ERRORS = np.einsum, None
+_OR = np.logical_or.reduce
 
 
 def _orthonormal(x: np.ndarray) -> np.ndarray:
     """`np.linalg.qr(x)[0]` of a float matrix (the same numbers; with more columns than rows too)."""
     if _QR is None:  # pragma: no cover
         return np.linalg.qr(x)[0]
-    with np.errstate(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore"):
-        a = x.copy()
+    a = x.copy()
+    if _ERRORS is None:  # pragma: no cover
+        with np.errstate(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore"):
+            return _umath_linalg.qr_reduced(a, _QR(a, signature="d->d"), signature="dd->d")
+    token = _ERRORS.set(_LINALG_ERRORS)
+    try:
         return _umath_linalg.qr_reduced(a, _QR(a, signature="d->d"), signature="dd->d")
+    finally:
+        _ERRORS.reset(token)
 
 
 def _solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """`np.linalg.lstsq(x, y, rcond=None)[0]` of a float matrix and vector (the same numbers)."""
     if _LSTSQ is None:  # pragma: no cover
         return np.linalg.lstsq(x, y, rcond=None)[0]
-    with np.errstate(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore"):
+    if _ERRORS is None:  # pragma: no cover
+        with np.errstate(call=_raise, invalid="call", over="ignore", divide="ignore", under="ignore"):
+            return _LSTSQ(x, y[:, None], _EPS * max(x.shape), signature="ddd->ddid")[0][:, 0]
+    token = _ERRORS.set(_LINALG_ERRORS)
+    try:
         return _LSTSQ(x, y[:, None], _EPS * max(x.shape), signature="ddd->ddid")[0][:, 0]
+    finally:
+        _ERRORS.reset(token)
 
 
 class _StepModel:
@@ -363,33 +388,41 @@ class _StepModel:
         self.line = False
         # the search asks for the same steps' heights, residuals and best next step many times over:
         # each is computed once per model (the same numbers as computed afresh)
-        self._memo: dict[tuple, tuple] = {}
+        self._memo: dict[tuple, list] = {}
 
-    def _once(self, what: str, steps: list[tuple[float, float]], line: bool, compute: Callable[[], tuple]) -> tuple:
-        """`compute()` for these steps and line, computed once per model (its arrays read-only)."""
-        key = (what, tuple(steps), line)
+    def _fitted(self, steps: list[tuple[float, float]], line: bool) -> list:
+        """What this model computed for these steps and line, computed once as asked:
+        [steps (a tuple), residual, squared residual, coefficients, best addition] (None: not yet)."""
+        key = (tuple(steps), line)
         if (found := self._memo.get(key)) is None:
-            found = self._memo[key] = compute()
-            for array in found:
-                if isinstance(array, np.ndarray):
-                    array.flags.writeable = False
+            found = self._memo[key] = [key[0], None, None, None, None]
         return found
+
+    def _residual(self, fitted: list, line: bool) -> np.ndarray:
+        """The weighted residual of `_fitted`'s steps and line (read-only)."""
+        if (residual := fitted[1]) is None:
+            q, y = self.layout.basis(fitted[0], line)[1], self.weighted_y
+            residual = fitted[1] = _frozen(y - q @ (q.T @ y))
+        return residual
 
     def _weighted(self, steps: list[tuple[float, float]], line: bool) -> np.ndarray:
         return self.layout.basis(tuple(steps), line)[0]
 
     def heights(self, steps: list[tuple[float, float]]) -> np.ndarray:
         """The fitted steps' heights (`fit`'s coefficients after the level and slope)."""
-        return self._coef(steps, self.line)[0][1 + self.line:]
+        return self._coef(steps, self.line)[1 + self.line:]
 
-    def _coef(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray]:
-        return self._once("coef", steps, line, lambda: (_solve(self._weighted(steps, line), self.weighted_y),))
+    def _coef(self, steps: list[tuple[float, float]], line: bool) -> np.ndarray:
+        fitted = self._fitted(steps, line)
+        if (coef := fitted[3]) is None:
+            coef = fitted[3] = _frozen(_solve(self.layout.basis(fitted[0], line)[0], self.weighted_y))
+        return coef
 
     def fit(self, steps: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
         """Coefficients (level, slope (0 without the line), steps) and their covariance in units of
         one point's noise variance (the slope's row and column are 0 without the line)."""
         x = self._weighted(steps, self.line)
-        coef = self._coef(steps, self.line)[0]
+        coef = self._coef(steps, self.line)
         cov = np.linalg.pinv(x.T @ x)
         if not self.line:
             coef = np.insert(coef, 1, 0.0)
@@ -402,44 +435,48 @@ class _StepModel:
         return coef[0] + coef[1] * (t - self.t_mean) + sum(
             (h * _logistic(t, c, wd) for h, (c, wd) in zip(coef[2:], steps)), np.zeros_like(t))
 
-    def _residual_basis(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray, np.ndarray]:
-        return self._once("basis", steps, line, lambda: self._basis(steps, line))
-
-    def _basis(self, steps: list[tuple[float, float]], line: bool) -> tuple[np.ndarray, np.ndarray]:
-        q, y = self.layout.basis(tuple(steps), line)[1], self.weighted_y
-        return q, y - q @ (q.T @ y)
-
     def best_addition(self, steps: list[tuple[float, float]]) -> tuple[tuple[float, float], float]:
         """The grid step that most reduces the weighted SSE given `steps`, and by how much. A step
         may not overlap (10-90% parts) a step of the other direction: that pair would be a bump
         cancelling itself, which lets a wide step stand in for several narrow ones."""
-        return self._once("addition", steps, self.line, lambda: self._addition(steps))
+        fitted = self._fitted(steps, self.line)
+        if (found := fitted[4]) is None:
+            found = fitted[4] = self._addition(fitted)
+        return found
 
-    def _addition(self, steps: list[tuple[float, float]]) -> tuple[tuple[float, float], float]:
-        usable, norm = self.layout.outside(tuple(steps), self.line)
+    def _addition(self, fitted: list) -> tuple[tuple[float, float], float]:
+        steps, line, layout = fitted[0], self.line, self.layout
+        usable, norm = layout.outside(steps, line)
         # each column's part orthogonal to the model (`norm`: its squared norm): the residual is
         # orthogonal to the model already
-        along = self.columns.T @ self._residual_basis(steps, self.line)[1]
+        along = self.columns.T @ self._residual(fitted, line)
         gain = np.where(usable, along**2 / norm, 0.0)
         best = int(gain.argmax())
         # no step overlapping one of `steps` the other way (along 0 gains nothing either way): only
-        # the best needs the heights' directions, where it overlaps one (the others can only lose)
-        if any(self.layout.step(step)[2][best] for step in steps):
-            heights = self.heights(steps)
-            for way, moving in ((along > 0, heights < 0), (along < 0, heights > 0)):
-                if moving.any():
-                    gain[way & np.logical_or.reduce([self.layout.step(step)[2] for step, m in zip(steps, moving) if m])] = 0.0
-        best = int(gain.argmax())
+        # the best needs the heights' directions, where it overlaps one (the others can only lose: the
+        # gains are >= 0 and those of overlapping steps only set to 0, so an unblocked best stays the first)
+        overlapping = [i for i, step in enumerate(steps) if layout.step(step)[2][best]]
+        if overlapping:
+            heights = self._coef(steps, line)[1 + line:]
+            if (along[best] > 0 and any(heights[i] < 0 for i in overlapping)) or (
+                    along[best] < 0 and any(heights[i] > 0 for i in overlapping)):
+                for way, moving in ((along > 0, heights < 0), (along < 0, heights > 0)):
+                    if moving.any():
+                        gain[way & _OR([layout.step(step)[2] for step, m in zip(steps, moving) if m])] = 0.0
+                best = int(gain.argmax())
         return (float(self.grid[best, 0]), float(self.grid[best, 1])), float(gain[best])
 
     def sse(self, steps: list[tuple[float, float]]) -> float:
-        residual = self._residual_basis(steps, self.line)[1]
-        return float(residual @ residual)
+        fitted = self._fitted(steps, self.line)
+        if (found := fitted[2]) is None:
+            residual = self._residual(fitted, self.line)
+            found = fitted[2] = float(residual @ residual)
+        return found
 
     def line_gain(self, steps: list[tuple[float, float]]) -> float:
         """How much adding the line reduces the weighted SSE given `steps`."""
-        without = self._residual_basis(steps, False)[1]
-        with_line = self._residual_basis(steps, True)[1]
+        without = self._residual(self._fitted(steps, False), False)
+        with_line = self._residual(self._fitted(steps, True), True)
         return float(without @ without - with_line @ with_line)
 
     def choose(self, price: float, max_steps: int) -> list[tuple[float, float]]:
