@@ -16,6 +16,7 @@ docs/phases.md.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Callable, Sequence
@@ -273,7 +274,9 @@ class _Layout:
         self.line_column = _frozen(self.root_w * (self.tb - self.t_mean))
         self.negligible = _frozen(1e-9 * self.column_norms)
         self._bases: dict[tuple, tuple] = {}  # per step and per set of steps (`_kept`)
-        self._sizes: dict[tuple, int] = {}  # their bytes, the oldest first
+        # their bytes, the oldest first (an OrderedDict: a dict's first key after many taken from its
+        # front is found by a scan past their empty slots)
+        self._sizes: collections.OrderedDict[tuple, int] = collections.OrderedDict()
         self._bytes = 0
 
     def step(self, step: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -313,8 +316,9 @@ class _Layout:
             array.setflags(write=False)
             size += array.nbytes
         while self._sizes and self._bytes + size > BASES_BYTES:  # the oldest go
-            del self._bases[oldest := next(iter(self._sizes))]
-            self._bytes -= self._sizes.pop(oldest)
+            oldest, old_size = self._sizes.popitem(last=False)
+            del self._bases[oldest]
+            self._bytes -= old_size
         self._bases[key], self._sizes[key], self._bytes = found, size, self._bytes + size
         return found
 
