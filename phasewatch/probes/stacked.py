@@ -18,7 +18,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phasewatch.models import call_with, native_module, parameters_kept
-from phasewatch.probes.composition import COMPOSE_FACTOR, composition_probe_values, head_weights, scores_of_weights
+from phasewatch.probes.composition import (COMPOSE_FACTOR, _ln1_scale, composition_probe_values, head_weights,
+                                           scores_of_weights)
 from phasewatch.probes.grokking import check_key_freqs, grid_inputs, progress_measures
 from phasewatch.probes.heads import _Weights, forward_scores, head_probe_values, head_tokens, weight_scores
 
@@ -182,11 +183,18 @@ def _witnesses(stacks: list[Tensor]) -> list[int]:
 def composition_stacked(template: torch.nn.Module, params: dict[str, Tensor], models: list, task,
                         factor: float = COMPOSE_FACTOR) -> list[dict[str, Any]]:
     """The composition probe (`probes.composition.composition_probe`) of every member: the
-    Q/K/V scores of all members in one vmapped pass, the keys and pairs member by member."""
+    Q/K/V scores of all members in one vmapped pass, the keys and pairs member by member. The
+    weights (`head_weights`) read once over the stacked parameters (`stacked_reads`) where no
+    block has a LayerNorm scale to fold (a bridge's scale accessor shows the first member's
+    under swapped parameters: `stacked_reads` would find it and read member by member anyway)."""
     from torch.func import vmap
 
-    weights = [head_weights(model) for model in models]
-    stacked, size = _one_as_two({name: torch.stack([w[name] for w in weights]) for name in weights[0]})
+    if any(_ln1_scale(models[0], layer) is not None for layer in range(models[0].cfg.n_layers)):
+        weights = [head_weights(model) for model in models]
+        weights = {name: torch.stack([w[name] for w in weights]) for name in weights[0]}
+    else:
+        weights = stacked_reads(models, params, head_weights)
+    stacked, size = _one_as_two(weights)
     scores = vmap(scores_of_weights)(stacked)
     return [composition_probe_values(model, factor, {kind: s[k] for kind, s in scores.items()})
             for k, model in enumerate(models[:size])]

@@ -90,6 +90,36 @@ def test_the_composition_probe_over_stacked_weights_is_each_members_own(normaliz
 
 
 @pytest.mark.parametrize("normalization", ["none", "LN"])
+def test_the_composition_weights_are_read_once_over_the_stacked_parameters_without_a_scale_to_fold(
+        monkeypatch, normalization):
+    """Given the members' stacked parameters, the composition probe reads the weights of a model
+    without a LayerNorm scale once for all members (`stacked_reads`: `head_weights` runs under
+    one vmap and for the witness read alone, not for each member), and each member's values are
+    those it gets over its own weights, bit for bit (every score, maximum and pair, with the
+    population's own weights as with none given); with a scale to fold (LN), member by member."""
+    task, models = _induction_members(normalization)
+    if normalization == "LN":  # a LayerNorm scale of each member's own
+        with torch.no_grad():
+            for model in models:
+                model.blocks[0].ln1.w.mul_(torch.rand_like(model.blocks[0].ln1.w) + 0.5)
+    template, params = _stacked(models)
+    alone = stacked.composition_stacked(template, {}, models, task)  # (every member's own weights)
+    calls = []
+    read = stacked.head_weights
+    monkeypatch.setattr(stacked, "head_weights", lambda model: calls.append(model) or read(model))
+    together = stacked.composition_stacked(template, params, models, task)
+    assert len(calls) == (len(models) if normalization == "LN" else 2)  # (under vmap once, the witness alone)
+    for values, own in zip(together, alone):
+        assert values.keys() == own.keys()
+        for key, value in own.items():
+            if torch.is_tensor(value):
+                assert torch.equal(values[key].nan_to_num(-1.0), value.nan_to_num(-1.0)), key
+                assert torch.equal(values[key].isnan(), value.isnan()), key
+            else:
+                assert values[key] == value, key
+
+
+@pytest.mark.parametrize("normalization", ["none", "LN"])
 def test_the_heads_probe_over_stacked_weights_is_each_members_own(monkeypatch, normalization):
     """Three 2-layer members in passes of two (members 0-1, then 2 alone): every score, copy
     loss, count and head list, with the thresholds option; a model whose attention patterns
