@@ -459,7 +459,9 @@ class _StepModel:
         # no step overlapping one of `steps` the other way (along 0 gains nothing either way): only
         # the best needs the heights' directions, where it overlaps one (the others can only lose: the
         # gains are >= 0 and those of overlapping steps only set to 0, so an unblocked best stays the first)
-        overlapping = [i for i, step in enumerate(steps) if layout.step(step)[2][best]]
+        centre, width = self.grid[best].tolist()
+        # the steps it overlaps (`_Layout.step`'s test, on the same floats)
+        overlapping = [i for i, (c, wd) in enumerate(steps) if abs(centre - c) < SPAN / 2 * (width + wd)]
         if overlapping:
             heights = self._coef(steps, line)[1 + line:]
             if (along[best] > 0 and any(heights[i] < 0 for i in overlapping)) or (
@@ -468,7 +470,8 @@ class _StepModel:
                     if moving.any():
                         gain[way & _OR([layout.step(step)[2] for step, m in zip(steps, moving) if m])] = 0.0
                 best = int(gain.argmax())
-        return (float(self.grid[best, 0]), float(self.grid[best, 1])), float(gain[best])
+                centre, width = self.grid[best].tolist()
+        return (centre, width), float(gain[best])
 
     def sse(self, steps: list[tuple[float, float]]) -> float:
         fitted = self._fitted(steps, self.line)
