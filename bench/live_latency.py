@@ -358,7 +358,7 @@ def stage_replay(run: Path, looks: str = "validations", **settings) -> dict:
         watcher.update(cut, look, final=final)
         for what, stage in watcher.stage_news(cut, look, final):
             news.append((look, what, stage))
-            lines.append(_stage_line(_Console(), look, what, stage, cut))
+            lines.append(_stage_line(_Console(), look, what, stage, cut, watcher.begun_as(what, stage)))
     return {"news": news, "lines": lines, "looks": len(steps), "offline": series_stages(series, stage_rules())}
 
 

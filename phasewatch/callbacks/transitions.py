@@ -17,6 +17,7 @@ nothing twice. The rules: docs/phases.md, "Watching live".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from statistics import NormalDist
 from typing import Any
@@ -212,6 +213,7 @@ class TransitionWatcher(pl.Callback):
         self._look_grid: set[int] = set()
         self._acts: set[int] | None = None  # the steps `due_at` says, laid out by `plan` (`_acting`)
         self._planned = self._reference = 1  # the looks the run plans, and at validations alone (`plan`)
+        self._max_steps = 0  # the run's last step (`plan`; 0: not known)
         self._last_look: int | None = None
         self.reported: list[dict[str, Any]] = []  # every event reported, in order
         self.pending: list[dict[str, Any]] = []  # onsets not yet confirmed or withdrawn
@@ -306,6 +308,7 @@ class TransitionWatcher(pl.Callback):
         self._acts = self._acting(max_steps)
         self._keys, self._details = {}, {}  # the keys' declarations as they are for this run (`_declared`, `_detail`)
         self._planned, self._reference = (looks, validations) if looks and validations else (1, 1)
+        self._max_steps = max(int(max_steps), 0)
         self._dense_steps = set(Schedule(kind="log", count=self.dense_count).resolve(max_steps)) if self.dense else set()
 
     def bar(self, z: float) -> float:
@@ -345,7 +348,7 @@ class TransitionWatcher(pl.Callback):
         news = self.stage_news(series, step, final)
         self._rest = _points(series) if not news and _outline(self.stages) == before else None
         for what, stage in news:
-            say(trainer, _stage_line(trainer, step, what, stage, series))
+            say(trainer, _stage_line(trainer, step, what, stage, series, self.begun_as(what, stage)))
             for logger in trainer.loggers:  # W&B: the stages table and an alert per confirmed stage
                 if hasattr(logger, "log_stage"):
                     logger.log_stage(what, stage)
@@ -377,18 +380,21 @@ class TransitionWatcher(pl.Callback):
         self._begun.update({s.id: s for s in self.stages if self._said.get(s.id) == "begins"})
         here = {s.id for s in self.stages}
         previous = self.stages + [s for k, s in self._begun.items() if k not in here and self._said.get(k) == "begins"]
-        self.stages = detect_stages(confirmed + under_way, watched, stage_rules(), previous=previous, keep=kept)
+        rules = stage_rules()
+        self.stages = detect_stages(confirmed + under_way, watched, rules, previous=previous, keep=kept)
         self._heir(series)
         news = []
         told = [s for s in self.stages + list(self._said_as.values()) if self._said.get(s.id) in ("begins", "confirmed")]
-        for stage in (s for s in self.stages if evident(s, series)):
+        for stage in self.stages:
             done = not any(m.get("under_way") for m in stage.members)
             said = self._said.get(stage.id)
-            if (said is None and not done and self._beginning(stage, series, step) and not self._regrouped(stage, series)
-                    and not any(s.id != stage.id and one_activity(s, stage, series) for s in told)):
-                news.append(("begins", stage))
-                self._said[stage.id], self._said_as[stage.id] = "begins", stage
-            elif said != "confirmed" and done:
+            if said is None and not done:
+                begun = self._as_begun(stage, rules)
+                if (evident(begun, series) and self._beginning(stage, series, step) and not self._regrouped(stage, series)
+                        and not any(s.id != stage.id and one_activity(s, stage, series) for s in told)):
+                    news.append(("begins", begun))
+                    self._said[stage.id], self._said_as[stage.id] = "begins", begun
+            elif said != "confirmed" and done and evident(stage, series):
                 news.append(("confirmed", stage))
                 self._said[stage.id] = "confirmed"
         if final:
@@ -404,6 +410,36 @@ class TransitionWatcher(pl.Callback):
                 self._said[stage_id] = "joined" if taken else "withdrawn"
         return news
 
+    def begun_as(self, what: str, stage: Stage) -> str | None:
+        """For a stage's confirmation: the name its "begins" line gave it, where it is confirmed
+        under another name or none (a "begins" line without a name claimed none: nothing to
+        correct); else None."""
+        begun = self._said_as.get(stage.id) if what == "confirmed" else None
+        return begun.name if begun is not None and begun.name and begun.name != stage.name else None
+
+    def _as_begun(self, stage: Stage, rules) -> Stage:
+        """The stage as a "begins" line may tell it: with its name only where the phases of the
+        name's `sequence` declared before it have begun to be told: a stage of one of them was
+        said (begins or confirmed) earlier in the run. A signature says what moves in its phase;
+        its order in the sequence says what came before (Nanda et al.'s circuit formation is what
+        follows memorisation). Offline the whole run is named at once, in that order; live, a
+        stage named by its members so far as a later phase, before any earlier one was seen, is
+        named against a sequence whose first phases may still come (the quickstart, seed 0: the
+        grokking probe's series wiggling at steps 6-30 of a model at initialisation, a 1.4x dip
+        of the restricted loss among them, matched circuit formation while the training
+        accuracy had 2 logged points and no change could show in it: "stage 2 (circuit
+        formation so far) begins at step 6", never confirmed). Such a stage is told without the
+        name (and said only on evidence without it, `evident`); its confirmation names it as
+        the whole run so far does. A copy: the stage itself keeps its name for the grouping."""
+        signatures = {s.name: s for s in rules.signatures}
+        signature = signatures.get(stage.name)
+        if signature is None or signature.sequence is None:
+            return stage
+        order = [s.name for s in rules.signatures if s.sequence == signature.sequence]
+        earlier = set(order[:order.index(stage.name)])
+        said = {s.name for s in self._said_as.values()} | {s.name for s in self.stages if self._said.get(s.id) == "confirmed"}
+        return stage if not earlier or earlier & said else dataclasses.replace(stage, name=None)
+
     def _beginning(self, stage: Stage, series: dict, step: int) -> bool:
         """A member of the stage is a change still going on at `step` by the watcher's own
         account: a change in progress (its fitted end after its series' last point), or an
@@ -411,8 +447,17 @@ class TransitionWatcher(pl.Callback):
         than `points_after` values of its series after it). A stage whose changes under way
         are all over by then has not begun now: its fits ended long ago and were never
         confirmed (a fit the detector finds again late, in a series that moved on), and its
-        news is its confirmation, if one comes (docs/stages.md, "When a stage is said")."""
+        news is its confirmation, if one comes (docs/stages.md, "When a stage is said").
+        And one the run can still confirm: its fitted end (the 90% point) at or before the
+        run's last step, where known (`plan`). A change whose fit ends after it is not over when
+        training ends, so neither a look nor the last one (which confirms a change seen levelling
+        off, the detector's test on the finished series) confirms it as fitted: a stage of such
+        changes alone, said to begin, could only be withdrawn at the end (quickstart_tiny seed
+        10: "stage 5 begins at step 465" said at step 800 of 900, its changes fitted to end at
+        1,012-1,059, withdrawn at 900)."""
         def going(m: dict) -> bool:
+            if 0 < self._max_steps < m["end"]:
+                return False
             if m.get("kind") != "transition":
                 return True
             steps = np.asarray(series.get(m["metric"], ((), ()))[0], dtype=float)
@@ -700,11 +745,15 @@ def stage_levels(stage: Stage, series: dict) -> list[str]:
     return out
 
 
-def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage, series: dict | None = None) -> str:
+def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage, series: dict | None = None,
+                begun_as: str | None = None) -> str:
     """The console line of a stage's news (`TransitionWatcher.stage_news`). "begins" claims the
     lead (the series that moved first so far) and a name only where the members so far already
     match its signature ("so far": more members may come); not the other members, which the
-    confirmation lists, with the levels of its headline series (`stage_levels`, given `series`)."""
+    confirmation lists, with the levels of its headline series (`stage_levels`, given `series`),
+    and, where its "begins" line named it otherwise (`begun_as`, `TransitionWatcher.begun_as`),
+    that name, so that the claim is corrected where it was made ("confirmed stage 4 cleanup
+    (said to begin as circuit formation so far): ...")."""
     at = f"{trainer.member} step {step}" if getattr(trainer, "member", None) else f"step {step}"
     if what == "begins":
         name = f" ({stage.name} so far)" if stage.name else ""
@@ -712,7 +761,11 @@ def _stage_line(trainer: pl.Trainer, step: int, what: str, stage: Stage, series:
     if what == "withdrawn":
         return f"phasewatch: {at}: stage {stage.id} was said to begin but training ended before it was confirmed"
     levels = stage_levels(stage, series) if series is not None else []
-    return f"phasewatch: {at}: confirmed {stage.summary()}" + (f"; {', '.join(levels)}" if levels else "")
+    summary = stage.summary()
+    if begun_as:
+        head = f"stage {stage.id} {stage.name or '(unnamed)'}"
+        summary = f"{head} (said to begin as {begun_as} so far){summary[len(head):]}"
+    return f"phasewatch: {at}: confirmed {summary}" + (f"; {', '.join(levels)}" if levels else "")
 
 
 def dense_now(trainer: pl.Trainer) -> bool:

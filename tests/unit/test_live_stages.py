@@ -29,7 +29,8 @@ def look(watcher, step, confirmed, under_way, series=SERIES, final=False):
     watcher._fits_under_way = {}
     for e in under_way:
         watcher._fits_under_way.setdefault(e["metric"], []).append(e)
-    return [(what, stage.id, stage.name, _stage_line(Trainer(), step, what, stage), sorted(m["series"] for m in stage.members))
+    return [(what, stage.id, stage.name, _stage_line(Trainer(), step, what, stage, None, watcher.begun_as(what, stage)),
+             sorted(m["series"] for m in stage.members))
             for what, stage in watcher.stage_news(series, step, final)]
 
 
@@ -63,14 +64,17 @@ def test_begins_claims_the_lead_and_a_name_only_once_met_and_a_confirmed_stage_s
 
 def test_a_stage_said_to_begin_keeps_its_id_when_a_look_loses_it():
     """A stage said to begin whose changes under way one look does not see (the fits come and go)
-    is confirmed under the id it was said with, not as a new stage with the first one withdrawn."""
+    is confirmed under the id it was said with, not as a new stage with the first one withdrawn
+    (after memorisation, confirmed: cleanup, a later phase, is named as it begins)."""
     w = TransitionWatcher()
+    memorise = [change("train/acc", 8, 12, 16, "up"), change("train/loss", 8, 13, 17)]
+    assert [n[:3] for n in look(w, 40, memorise, [])] == [("confirmed", 1, "memorisation")]
     under_way = [change("val/acc", 50, 70, 90, "up", under_way=True), change("grok/weight_norm", 50, 72, 95, under_way=True)]
-    assert [n[:3] for n in look(w, 100, [], under_way)] == [("begins", 1, "cleanup")]
+    assert [n[:3] for n in look(w, 100, memorise, under_way)] == [("begins", 2, "cleanup")]
     later = [change("val/loss", 300, 400, 500, "up", under_way=True), change("train/loss", 310, 410, 490, "up", under_way=True)]
-    assert [n[:3] for n in look(w, 120, [], later)] == [("begins", 2, None)]  # stage 1's fits not seen
+    assert [n[:3] for n in look(w, 120, memorise, later)] == [("begins", 3, None)]  # stage 2's fits not seen
     done = [change("val/acc", 52, 70, 92, "up"), change("grok/weight_norm", 50, 73, 96)]
-    assert [n[:3] for n in look(w, 200, done, later)] == [("confirmed", 1, "cleanup")]
+    assert [n[:3] for n in look(w, 200, memorise + done, later)] == [("confirmed", 2, "cleanup")]
 
 
 def test_a_change_under_way_below_an_onsets_bar_makes_no_stage_begin():
@@ -80,13 +84,14 @@ def test_a_change_under_way_below_an_onsets_bar_makes_no_stage_begin():
     def pair(confidence):
         return [change("val/acc", 50, 70, 90, "up", under_way=True, confidence=confidence),
                 change("grok/weight_norm", 50, 72, 95, under_way=True, confidence=confidence)]
+    rising = {**SERIES, "val/acc": (STEPS, np.interp(STEPS, [50, 90], [0.1, 0.9]))}  # a change worth saying
     weak = pair(0.9)
-    assert look(TransitionWatcher(), 100, [], weak) == []
+    assert look(TransitionWatcher(), 100, [], weak, rising) == []
     sure = pair(0.96)
-    assert [n[0] for n in look(TransitionWatcher(), 100, [], sure)] == ["begins"]
+    assert [n[0] for n in look(TransitionWatcher(), 100, [], sure, rising)] == ["begins"]
     many = TransitionWatcher()
     many.plan(3000, 400, 120)  # 400 looks where validations make 120: the bar is a confidence of 0.985
-    assert look(many, 100, [], sure) == []
+    assert look(many, 100, [], sure, rising) == []
 
 
 def test_more_of_a_confirmed_stages_change_joins_it_unsaid_and_makes_no_stage():
