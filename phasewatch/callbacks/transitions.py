@@ -425,10 +425,11 @@ class TransitionWatcher(pl.Callback):
         follows memorisation). Offline the whole run is named at once, in that order; live, a
         stage named by its members so far as a later phase, before any earlier one was seen, is
         named against a sequence whose first phases may still come (the quickstart, seed 0: the
-        grokking probe's series wiggling at steps 6-30 of a model at initialisation, a 1.4x dip
-        of the restricted loss among them, matched circuit formation while the training
-        accuracy had 2 logged points and no change could show in it: "stage 2 (circuit
-        formation so far) begins at step 6", never confirmed). Such a stage is told without the
+        grokking probe's series wiggling at steps 6-30 of a model at initialisation, among them
+        a 0.3% dip of the restricted loss at steps 16-21, matched circuit formation while the
+        training series had 2 logged points and the test series 1, so that no change could
+        show in them: "stage 2 (circuit formation so far) begins at step 6", never
+        confirmed). Such a stage is told without the
         name (and said only on evidence without it, `evident`); its confirmation names it as
         the whole run so far does. A copy: the stage itself keeps its name for the grouping."""
         signatures = {s.name: s for s in rules.signatures}
