@@ -130,7 +130,8 @@ def test_killed_run_resumes_without_gaps_or_duplicates(tmp_path, warm_phasewatch
     assert tables[0] == tables[1]
 
 
-#: 60 steps (validations at 25 and 50): stopped after its first 3 lines of metrics (step ~10), it has most
+#: 60 steps (validations at 25 and 50): stopped after its first 3 lines of metrics (step ~2: the grokking
+#: probe logs a row at almost every step of its log schedule), it has most
 #: of its steps and both validations still to run when resumed
 INTERRUPTED = ["--trainer.max_steps", "60", "--trainer.val_check_interval", "25", "--trainer.log_every_n_steps",
                "5", "--checkpoints.last_every", "1000", "--checkpoints.schedule.kind", "list",

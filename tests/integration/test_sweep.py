@@ -111,6 +111,9 @@ def test_offline_grid_sweep_in_parallel_then_compare_and_analyze(tmp_path, capsy
     (tmp_path / "tiny.yaml").write_text(TINY)
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("WANDB_MODE", "offline")
+    # each run on one thread whatever the machine's cores (the sweep's default is cores // parallel):
+    # the assertions below read the runs' trajectories (the final val/acc, the train/acc rise)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     code = _warm_sweep(monkeypatch, tmp_path / "tiny.yaml", "--out", tmp_path / "out", "--parallel", "2")
     assert code == 0, capsys.readouterr().out
     runs = _state(tmp_path)["runs"]
