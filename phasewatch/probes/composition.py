@@ -127,12 +127,14 @@ def random_baseline(d_model: int, d_head: int, samples: int = 256, seed: int = 0
 COMPOSE_FACTOR = 1.6
 
 
-def composition_probe_values(model, factor: float = COMPOSE_FACTOR, scores: dict[str, Tensor] | None = None) -> dict:
+def composition_probe_values(model, factor: float = COMPOSE_FACTOR, scores: dict[str, Tensor] | None = None,
+                             shape: tuple[int, int] | None = None) -> dict:
     """Scalars and arrays of the composition probe (keys in the module docstring), and
     the pairs scoring above `factor` x the empirical baseline (`<kind>_pairs`,
-    `comp/<kind>/count`). `scores`: the model's `composition_scores` when computed already."""
+    `comp/<kind>/count`). `scores`: the model's `composition_scores` when computed already;
+    `shape`: its W_Q's (d_model, d_head) when read already (a bridge stacks W_Q at each read)."""
     scores = composition_scores(model) if scores is None else scores
-    d_model, d_head = model.W_Q.shape[-2], model.W_Q.shape[-1]
+    d_model, d_head = shape if shape is not None else model.W_Q.shape[-2:]
     baseline = random_baseline(d_model, d_head)
     out: dict = {"comp/baseline": baseline, "comp/baseline_analytic": 1 / math.sqrt(d_model)}
     for kind, s in scores.items():

@@ -196,7 +196,8 @@ def composition_stacked(template: torch.nn.Module, params: dict[str, Tensor], mo
         weights = stacked_reads(models, params, head_weights)
     stacked, size = _one_as_two(weights)
     scores = vmap(scores_of_weights)(stacked)
-    return [composition_probe_values(model, factor, {kind: s[k] for kind, s in scores.items()})
+    shape = tuple(weights["W_Q"].shape[-2:])  # (d_model, d_head), as each member's W_Q shows it
+    return [composition_probe_values(model, factor, {kind: s[k] for kind, s in scores.items()}, shape)
             for k, model in enumerate(models[:size])]
 
 

@@ -475,3 +475,42 @@ def test_a_members_token_id_outside_the_vocabulary_stops_the_population_on_the_h
         assert int(drawn.tokens.max()) < tasks[0].d_vocab, step
     with pytest.raises(ValueError, match=r"Leaky drew token id 1\d, outside its vocabulary of 1\d ids"):
         next(lockstep)
+
+
+def test_the_members_build_runs_without_the_cyclic_collector_and_leaves_the_objects_frozen_until_thawed():
+    """`out_of_the_collectors_way`: no collection while the members are built, then every object
+    of the process frozen (out of the collector's full collections) until `thaw`; a build that
+    fails freezes nothing, and a process whose collector is off, or that froze objects itself,
+    is left as it is."""
+    import gc
+
+    from phasewatch.training.population import out_of_the_collectors_way, thaw
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with out_of_the_collectors_way():
+        assert not gc.isenabled()
+        kept = [[] for _ in range(1000)]  # objects the collector tracks
+    assert gc.isenabled() and gc.get_freeze_count() > len(kept)
+    thaw()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    thaw()  # (twice: nothing)
+    with pytest.raises(RuntimeError):
+        with out_of_the_collectors_way():
+            raise RuntimeError("a build that fails")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        with out_of_the_collectors_way():
+            pass
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+    gc.freeze()  # the process's own
+    frozen = gc.get_freeze_count()
+    try:
+        with out_of_the_collectors_way():
+            assert gc.isenabled()
+        thaw()
+        assert gc.get_freeze_count() == frozen  # not thawed by the population
+    finally:
+        gc.unfreeze()
