@@ -6,9 +6,8 @@ transition watcher has an onset pending, the steps of its dense grid (`dense_now
 most `dense_per_decade` per tenfold of steps. The steps of an explicit `schedule` are resume points
 and hold the full state; every other step checkpoint exists for post-hoc probes and holds the
 weights only (`weights_only` overrides both). `last.ckpt` always holds the full state: it is
-refreshed every `last_every` steps, once at the end, and at the step where SIGTERM stopped the run
-(`on_exception` where it arrived after the step's save was decided; not mid-validation). At
-a step where validation runs, the save waits until validation has logged. Every file is written
+refreshed every `last_every` steps, once at the end, and at the step SIGTERM stopped (`on_exception`).
+At a step where validation runs, the save waits until validation has logged. Every file is written
 under a temporary name and renamed into place; a full disk stops the run with one line (DiskFull).
 
 Resume without gaps or duplicates: a full checkpoint stores every `CheckpointStateLogger`'s
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +214,12 @@ class ScheduledCheckpoints(Checkpoint):
         during the hooks, logging or validation that follow) stops the fit where Lightning next
         looks, after the step: last.ckpt is written there unless it already holds the step. Not
         in the middle of validation (Lightning stops it between batches: the step's validation
-        is incomplete), where last.ckpt stays the one before and the stop line says its step."""
+        is incomplete), where last.ckpt stays the one before and the stop line says its step. A
+        save that fails here (a full disk) says so in one line and leaves that older last.ckpt:
+        the run still stops as SIGTERM stops it (status 143, the stop line, the report)."""
         if (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and not trainer.sanity_checking
                 and trainer.state.stage != RunningStage.VALIDATING and self._last_step != trainer.global_step):
-            self._save(trainer, LAST_CHECKPOINT)
+            try:
+                self._save(trainer, LAST_CHECKPOINT)
+            except (DiskFull, OSError) as err:
+                print(f"phasewatch: last.ckpt not saved at step {trainer.global_step}: {err}", file=sys.stderr)

@@ -213,6 +213,39 @@ def test_sigterm_after_the_checkpoints_hook_still_saves_its_step(tmp_path, unint
     assert list(read_jsonl(run / "metrics.jsonl")) == uninterrupted
 
 
+def test_a_full_disk_at_the_sigterm_save_still_stops_as_sigterm(tmp_path, monkeypatch, capsys):
+    """The save of the step SIGTERM stopped at (`ScheduledCheckpoints.on_exception`) meets a
+    full disk: one line says last.ckpt was not saved there, and the run stops as SIGTERM stops
+    it (status 143, the stop line naming the older last.ckpt, the report)."""
+    from phasewatch.callbacks import checkpoints
+    from phasewatch.errors import DiskFull
+    from phasewatch.training.module import TrainModule
+
+    sent, own, save = [], TrainModule.on_train_batch_end, checkpoints.ScheduledCheckpoints._save
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        own(self, outputs, batch, batch_idx)
+        if not sent and self.global_step >= 7:
+            sent.append(self.global_step)
+            signal.raise_signal(signal.SIGTERM)
+
+    def full_at_the_stop(self, trainer, name, *args, **kwargs):
+        if trainer.state.status == "interrupted":
+            raise DiskFull.in_run(tmp_path / "run", name, 1000)
+        return save(self, trainer, name, *args, **kwargs)
+
+    monkeypatch.setattr(TrainModule, "on_train_batch_end", on_train_batch_end)
+    monkeypatch.setattr(checkpoints.ScheduledCheckpoints, "_save", full_at_the_stop)
+    run = tmp_path / "run"
+    assert main(["fit", "--run_dir", str(run), *INTERRUPTED]) == 143
+    out = "".join(capsys.readouterr())
+    assert f"phasewatch: last.ckpt not saved at step {sent[0]}: " in out and "is full" in out
+    assert f"interrupted at step {sent[0]}; resume with: phasewatch fit --run_dir {run} --ckpt_path last " \
+           "(from its last checkpoint, step 0)" in out
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 0
+    assert (run / "report.html").exists()
+
+
 def test_wandb_offline_run_and_sync_hint(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
