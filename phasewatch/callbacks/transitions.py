@@ -355,7 +355,7 @@ class TransitionWatcher(pl.Callback):
         if news:
             folder = run_folder(trainer)
             if folder is not None:  # the live report's stage timeline (the fit's end writes the final stages)
-                write_stages(folder, [s for s in self.stages if self._said.get(s.id)])
+                write_stages(folder, self.stages_said())
         return new
 
     def stage_news(self, series: dict, step: int, final: bool = False) -> list[tuple[str, Stage]]:
@@ -409,6 +409,14 @@ class TransitionWatcher(pl.Callback):
                     news.append(("withdrawn", Stage(stage_id, step, step, step, [], "")))
                 self._said[stage_id] = "joined" if taken else "withdrawn"
         return news
+
+    def stages_said(self) -> list[Stage]:
+        """The stages said so far, as said: one said only to begin carries a name only where its
+        "begins" line could give it now (`_as_begun`), so that the live report and stages.jsonl
+        claim no name the console holds back."""
+        rules = stage_rules()
+        return [self._as_begun(s, rules) if self._said[s.id] == "begins" else s
+                for s in self.stages if self._said.get(s.id)]
 
     def begun_as(self, what: str, stage: Stage) -> str | None:
         """For a stage's confirmation: the name its "begins" line gave it, where it is confirmed

@@ -38,6 +38,8 @@ def test_a_later_phase_is_not_named_as_it_begins_before_an_earlier_phase_was_sai
     watcher = TransitionWatcher()
     look(watcher, 260, [], FORMING, GROK)
     assert [s.name for s in watcher.stages] == ["circuit formation"]
+    # and the live report and stages.jsonl (`stages_said`) claim no name the line held back
+    assert [(s.id, s.name) for s in watcher.stages_said()] == [(1, None)]
 
 
 def test_after_memorisation_was_said_circuit_formation_is_named_as_it_begins():
@@ -47,6 +49,7 @@ def test_after_memorisation_was_said_circuit_formation_is_named_as_it_begins():
     (said,) = look(w, 260, MEMORISE, FORMING, GROK)
     assert said[:3] == ("begins", 2, "circuit formation")
     assert said[3] == "phasewatch: step 260: stage 2 (circuit formation so far) begins at step 100, led by grok/gini_embed"
+    assert [(s.id, s.name) for s in w.stages_said()] == [(1, "memorisation"), (2, "circuit formation")]
 
 
 def test_a_confirmation_under_another_name_than_begins_gave_says_so():
