@@ -287,6 +287,10 @@ class PhasewatchCLI(LightningCLI):
             else:
                 raise
             raise Interrupted(folder, trainer.global_step, signum) from None
+        finally:  # a population's members' objects, frozen after their build, back in the collector's
+            population = sys.modules.get("phasewatch.training.population")  # reach whatever ended
+            if population is not None:  # the command (also a failure before the fit's own hooks)
+                population.thaw()
 
 
 class Interrupted(Exception):

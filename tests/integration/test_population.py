@@ -422,3 +422,12 @@ def test_a_population_trains_with_the_processs_objects_frozen_and_thaws_them_at_
         main(["fit", *TASKS["induction"], *ARGS, "--trainer.max_steps", "3", "--run_dir", str(tmp_path / "q"),
               "--population.seeds", "2"])
     assert seen[-1][1] > 0 and gc.isenabled() and gc.get_freeze_count() == 0
+    # a failure after the build, before the fit's hooks (the population's module cannot be made)
+    def unmade(*args, **kwargs):
+        raise RuntimeError("no population module")
+
+    monkeypatch.setattr(population, "PopulationModule", unmade)
+    with pytest.raises(RuntimeError, match="no population module"):
+        main(["fit", *TASKS["induction"], *ARGS, "--trainer.max_steps", "3", "--run_dir", str(tmp_path / "r"),
+              "--population.seeds", "2"])
+    assert gc.isenabled() and gc.get_freeze_count() == 0
