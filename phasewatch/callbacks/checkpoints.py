@@ -38,6 +38,14 @@ from phasewatch.rundir import LAST_CHECKPOINT, checkpoint_name, step_checkpoints
 from phasewatch.tasks.base import require_int
 
 
+def stops_after_step(trainer: pl.Trainer, exception: BaseException) -> bool:
+    """Whether `exception` is SIGTERM stopping a fit after a whole step, where last.ckpt is to
+    hold that step (`ScheduledCheckpoints.on_exception`): not in the sanity check, nor in the
+    middle of a validation (Lightning stops it between batches, the step's validation incomplete)."""
+    return (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and not trainer.sanity_checking
+            and trainer.state.stage != RunningStage.VALIDATING)
+
+
 def shared_views(state_dict: dict[str, Any]) -> dict[str, Any]:
     """`state_dict` with every dense tensor that views the same memory as an earlier entry, with
     the same type, dtype, device, shape, strides, `requires_grad` and conjugate and negative view
@@ -217,9 +225,8 @@ class ScheduledCheckpoints(Checkpoint):
         is incomplete), where last.ckpt stays the one before and the stop line says its step. A
         save that fails here (a full disk) says so in one line and leaves that older last.ckpt:
         the run still stops as SIGTERM stops it (status 143, the stop line, the report)."""
-        if (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and not trainer.sanity_checking
-                and trainer.state.stage != RunningStage.VALIDATING and self._last_step != trainer.global_step):
+        if stops_after_step(trainer, exception) and self._last_step != trainer.global_step:
             try:
                 self._save(trainer, LAST_CHECKPOINT)
             except (DiskFull, OSError) as err:
-                print(f"phasewatch: last.ckpt not saved at step {trainer.global_step}: {err}", file=sys.stderr)
+                print(f"phasewatch: {LAST_CHECKPOINT} not saved at step {trainer.global_step}: {err}", file=sys.stderr)

@@ -22,22 +22,22 @@ import dataclasses
 import gc
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 import torch
 import yaml
 from torch.utils.data import DataLoader, IterableDataset
 
-from phasewatch.callbacks.checkpoints import shared_views
+from phasewatch.callbacks.checkpoints import shared_views, stops_after_step
 from phasewatch.callbacks.probes import ProbeRunner, StackedProbes
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.models import native_module
 from phasewatch.models.factory import one_build
 from phasewatch.models.plain import plain_twin, stacked_logits
-from phasewatch.rundir import RunFolder, member_name
+from phasewatch.rundir import LAST_CHECKPOINT, RunFolder, member_name
 from phasewatch.tasks.base import Batch
 from phasewatch.errors import ConfigError
 from phasewatch.training.module import (TaskDataModule, TrainModule, adamw_with_warmup, answer_outputs, emit,
@@ -566,6 +566,7 @@ class MemberCallbacks(pl.Callback):
                                                         for cbs in callbacks]
         self.last_every: int | None = None
         self.probes: StackedProbes | None = None  # the members' probes over the stacked weights
+        self._last_step: int | None = None  # the step the population's last.ckpt holds, where this run wrote it
 
     def setup(self, trainer: pl.Trainer, pl_module: PopulationModule, stage: str) -> None:
         self.views = [MemberTrainer(trainer, pl_module, k, self.loggers[k], self.callbacks[k], self.roots[k])
@@ -618,10 +619,14 @@ class MemberCallbacks(pl.Callback):
         finally:
             pl_module.hook_state = None
         if saved and self._last_due(hook, frozen):  # the population's own checkpoint, after every member's
-            tmp = self.last.with_name(self.last.name + ".tmp")
-            self.last.parent.mkdir(parents=True, exist_ok=True)
-            trainer.save_checkpoint(tmp, weights_only=False)
-            os.replace(tmp, self.last)
+            self._save_last(trainer)
+
+    def _save_last(self, trainer: pl.Trainer) -> None:
+        tmp = self.last.with_name(self.last.name + ".tmp")
+        self.last.parent.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(tmp, weights_only=False)
+        os.replace(tmp, self.last)
+        self._last_step = trainer.global_step
 
     def _last_due(self, hook: str, frozen: dict[str, Any]) -> bool:
         """Whether the population's last.ckpt is written now that members saved: at the end, on
@@ -655,8 +660,14 @@ class MemberCallbacks(pl.Callback):
         thaw()  # the objects frozen after the members' build (`out_of_the_collectors_way`)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: PopulationModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException):  # members' last.ckpt at the step, then the population's
-            self._each("on_exception", trainer, pl_module, exception)  # (ScheduledCheckpoints.on_exception)
+        if stops_after_step(trainer, exception):  # members' last.ckpt at the step (their on_exception),
+            self._each("on_exception", trainer, pl_module, exception)  # then the population's, also where
+            if self._last_step != trainer.global_step:  # every member's already held the step (a full
+                try:  # step checkpoint of an explicit schedule, copied to their last.ckpt)
+                    self._save_last(trainer)
+                except OSError as err:
+                    print(f"phasewatch: {LAST_CHECKPOINT} not saved at step {trainer.global_step}: {err}",
+                          file=sys.stderr)
         for view in self.views:  # as Lightning closes a run's own loggers when it fails
             for logger in view.loggers:
                 logger.finalize("failed")
