@@ -21,7 +21,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning.pytorch as pl
 import torch
@@ -44,6 +44,16 @@ def stops_after_step(trainer: pl.Trainer, exception: BaseException) -> bool:
     middle of a validation (Lightning stops it between batches, the step's validation incomplete)."""
     return (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and not trainer.sanity_checking
             and trainer.state.stage != RunningStage.VALIDATING)
+
+
+def save_at_stop(trainer: pl.Trainer, save: Callable[[], None]) -> None:
+    """`save()`, the last.ckpt of the step SIGTERM stopped at (`on_exception`): where it fails (a
+    full disk) one line says so and the older last.ckpt stays, so the run still stops as
+    SIGTERM stops it (status 143, the stop line naming that checkpoint, the report)."""
+    try:
+        save()
+    except (DiskFull, OSError) as err:
+        print(f"phasewatch: {LAST_CHECKPOINT} not saved at step {trainer.global_step}: {err}", file=sys.stderr)
 
 
 def shared_views(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -226,7 +236,4 @@ class ScheduledCheckpoints(Checkpoint):
         save that fails here (a full disk) says so in one line and leaves that older last.ckpt:
         the run still stops as SIGTERM stops it (status 143, the stop line, the report)."""
         if stops_after_step(trainer, exception) and self._last_step != trainer.global_step:
-            try:
-                self._save(trainer, LAST_CHECKPOINT)
-            except (DiskFull, OSError) as err:
-                print(f"phasewatch: {LAST_CHECKPOINT} not saved at step {trainer.global_step}: {err}", file=sys.stderr)
+            save_at_stop(trainer, lambda: self._save(trainer, LAST_CHECKPOINT))

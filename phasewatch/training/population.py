@@ -22,7 +22,6 @@ import dataclasses
 import gc
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,13 +30,13 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, IterableDataset
 
-from phasewatch.callbacks.checkpoints import shared_views, stops_after_step
+from phasewatch.callbacks.checkpoints import save_at_stop, shared_views, stops_after_step
 from phasewatch.callbacks.probes import ProbeRunner, StackedProbes
 from phasewatch.callbacks.transitions import TransitionWatcher
 from phasewatch.models import native_module
 from phasewatch.models.factory import one_build
 from phasewatch.models.plain import plain_twin, stacked_logits
-from phasewatch.rundir import LAST_CHECKPOINT, RunFolder, member_name
+from phasewatch.rundir import RunFolder, member_name
 from phasewatch.tasks.base import Batch
 from phasewatch.errors import ConfigError
 from phasewatch.training.module import (TaskDataModule, TrainModule, adamw_with_warmup, answer_outputs, emit,
@@ -663,11 +662,7 @@ class MemberCallbacks(pl.Callback):
         if stops_after_step(trainer, exception):  # members' last.ckpt at the step (their on_exception),
             self._each("on_exception", trainer, pl_module, exception)  # then the population's, also where
             if self._last_step != trainer.global_step:  # every member's already held the step (a full
-                try:  # step checkpoint of an explicit schedule, copied to their last.ckpt)
-                    self._save_last(trainer)
-                except OSError as err:
-                    print(f"phasewatch: {LAST_CHECKPOINT} not saved at step {trainer.global_step}: {err}",
-                          file=sys.stderr)
+                save_at_stop(trainer, lambda: self._save_last(trainer))  # step checkpoint, copied to last)
         for view in self.views:  # as Lightning closes a run's own loggers when it fails
             for logger in view.loggers:
                 logger.finalize("failed")
